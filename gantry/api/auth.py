@@ -1,0 +1,147 @@
+"""Who is calling: runner groups and runners (JWTs), users (API tokens, sessions).
+
+``BearerJWTAuthentication`` verifies any Gantry JWT and turns it into a
+principal by audience. Route permissions then decide whether that kind of
+principal may call the route: a valid token of the wrong kind is a 403, a
+forged, expired, revoked or unknown one a 401.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
+
+from gantry.core import tokens
+from gantry.core.models import Membership, Organization, Role, Runner, RunnerGroup
+
+
+@dataclass
+class GroupPrincipal:
+    """A runner group's coordinator, authenticated by its group JWT."""
+
+    group: RunnerGroup
+    is_authenticated: bool = True
+    is_superuser: bool = False
+    is_staff: bool = False
+    is_active: bool = True
+
+
+@dataclass
+class RunnerPrincipal:
+    """An ephemeral runner, bound to one run by its runner JWT."""
+
+    runner: Runner
+    run_id: uuid.UUID
+    is_authenticated: bool = True
+    is_superuser: bool = False
+    is_staff: bool = False
+    is_active: bool = True
+
+
+class BearerJWTAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Authorization: Bearer takes exactly one token")
+        try:
+            claims = tokens.decode(header[1].decode("ascii", errors="replace"))
+        except tokens.TokenInvalid as exc:
+            raise exceptions.AuthenticationFailed(f"invalid token: {exc}") from None
+        if claims.audience == tokens.AUD_GROUP:
+            return self._group(claims), claims
+        if claims.audience == tokens.AUD_RUNNER:
+            return self._runner(claims), claims
+        raise exceptions.AuthenticationFailed("token audience is not accepted here")
+
+    def _group(self, claims: tokens.Claims) -> GroupPrincipal:
+        group = RunnerGroup.objects.select_related("organization").filter(id=_int(claims.subject)).first()
+        # A rotated token carries an old version: revoked at once, not at expiry.
+        if group is None or claims.raw.get("ver") != group.token_version:
+            raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
+        return GroupPrincipal(group=group)
+
+    def _runner(self, claims: tokens.Claims) -> RunnerPrincipal:
+        try:
+            runner_id = uuid.UUID(claims.subject)
+            run_id = uuid.UUID(str(claims.raw.get("run")))
+        except ValueError:
+            raise exceptions.AuthenticationFailed("malformed runner token") from None
+        runner = (
+            Runner.objects.select_related("runner_group__organization")
+            .filter(id=runner_id, runner_group_id=claims.raw.get("grp"))
+            .first()
+        )
+        if runner is None:
+            raise exceptions.AuthenticationFailed("runner no longer exists")
+        return RunnerPrincipal(runner=runner, run_id=run_id)
+
+    def authenticate_header(self, request: Request) -> str:
+        # Makes DRF answer 401 (not 403) when credentials are missing.
+        return self.keyword
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise exceptions.AuthenticationFailed("malformed token subject") from None
+
+
+class IsUser(permissions.BasePermission):
+    """A person: an API token or a browser session, never a group or runner JWT."""
+
+    message = "this route takes a user's API token or session, not a runner or group token"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, AbstractBaseUser) and request.user.is_authenticated
+
+
+class IsSuperuser(IsUser):
+    message = "only a super-admin may do this"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return super().has_permission(request, view) and bool(getattr(request.user, "is_superuser", False))
+
+
+class IsRunnerGroup(permissions.BasePermission):
+    message = "this route takes a runner group token"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, GroupPrincipal)
+
+
+class IsRunner(permissions.BasePermission):
+    message = "this route takes a runner token"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, RunnerPrincipal)
+
+
+def member_role(user: AbstractBaseUser, org: Organization) -> str | None:
+    """The user's role in ``org``; superusers act as admins of every org."""
+    if getattr(user, "is_superuser", False):
+        return Role.ADMIN
+    return Membership.objects.filter(user_id=user.pk, organization=org).values_list("role", flat=True).first()
+
+
+class BearerScheme(OpenApiAuthenticationExtension):
+    target_class = "gantry.api.auth.BearerJWTAuthentication"
+    name = "bearerJWT"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "JWT",
+            "description": "A runner group token (audience runner-group) or a runner token (audience runner).",
+        }

@@ -1,0 +1,219 @@
+"""Answer and request shapes of the user and admin API (DESIGN §4).
+
+Output serializers are read-only renderings; request serializers check types
+only. Domain rules (label namespaces, spec shape, state) live in the services,
+which raise the contract's errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from gantry.core.models import Deployment, GroupKind, Organization, Role, Run, RunEvent, RunnerGroup, Stack
+
+
+class ErrorSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="Machine-readable error code; part of the contract.")
+    detail = serializers.CharField(help_text="What went wrong, for a person.")
+
+
+class OrganizationSerializer(serializers.ModelSerializer):
+    default_runner_group_id = serializers.IntegerField(allow_null=True, read_only=True)
+
+    class Meta:
+        model = Organization
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "runs_per_hour_limit",
+            "dispatch_throttled_until",
+            "default_runner_group_id",
+            "max_in_flight",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class OrganizationCreateSerializer(serializers.Serializer):
+    slug = serializers.SlugField(max_length=64)
+    name = serializers.CharField(max_length=200)
+
+
+class OrganizationUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    default_runner_group_id = serializers.IntegerField(allow_null=True, required=False)
+
+
+class RunsPerHourLimitSerializer(serializers.Serializer):
+    runs_per_hour_limit = serializers.IntegerField(min_value=0, max_value=1_000_000)
+
+
+class MemberSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class MemberCreatedSerializer(MemberSerializer):
+    token = serializers.CharField(
+        required=False, help_text="The new user's API token; present only when this call created the user."
+    )
+
+
+class RunnerGroupSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunnerGroup
+        fields = [
+            "id",
+            "organization_id",
+            "name",
+            "kind",
+            "labels",
+            "max_concurrent_runs",
+            "drained",
+            "last_dispatch_error",
+            "last_dispatch_error_at",
+            "last_polled_at",
+            "github_owner",
+            "github_repo",
+            "github_workflow",
+            "github_ref",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class RunnerGroupWithTokenSerializer(RunnerGroupSerializer):
+    token = serializers.CharField(help_text="The group's token; shown once, never again.")
+
+    class Meta(RunnerGroupSerializer.Meta):
+        fields = [*RunnerGroupSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class LabelsField(serializers.DictField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(child=serializers.CharField(allow_blank=True), **kwargs)
+
+
+class RunnerGroupCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    kind = serializers.ChoiceField(choices=GroupKind.choices, default=GroupKind.SELF_HOSTED)
+    labels = LabelsField(required=False)
+    max_concurrent_runs = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
+    github_owner = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    github_repo = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    github_workflow = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    github_ref = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class RunnerGroupUpdateSerializer(RunnerGroupCreateSerializer):
+    name = serializers.CharField(max_length=100, required=False)
+    kind = None  # type: ignore[assignment]  # a group's kind is fixed at creation
+    max_concurrent_runs = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="The new group token; shown once.")
+
+
+class StepSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    run = serializers.CharField(help_text="A shell command line.")
+
+
+class SpecSerializer(serializers.Serializer):
+    steps = StepSerializer(many=True)
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    timeout_seconds = serializers.IntegerField(required=False, min_value=1)
+
+
+class StackSerializer(serializers.ModelSerializer):
+    spec = SpecSerializer(read_only=True, allow_null=True)
+    runner_selector = serializers.DictField(child=serializers.CharField(), read_only=True)
+    secret_names = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Stack
+        fields = ["id", "organization_id", "name", "labels", "runner_selector", "spec", "secret_names", "created_at"]
+        read_only_fields = fields
+
+    def get_secret_names(self, stack: Stack) -> list[str]:
+        # Secret values are write-only: they reach runners only inside RunContext.
+        return sorted(stack.secrets)
+
+
+class StackCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    labels = serializers.JSONField(
+        required=False, help_text="Label map; keys under gantry:runner-group: select runner groups."
+    )
+    spec = serializers.JSONField(required=False, help_text="The default run spec for this stack's deployments.")
+    secrets = serializers.JSONField(required=False, help_text="Name → value; write-only.")
+
+
+class StackUpdateSerializer(StackCreateSerializer):
+    name = serializers.CharField(max_length=100, required=False)
+
+
+class RunRefSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Run
+        fields = ["id", "status"]
+        read_only_fields = fields
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    run = serializers.SerializerMethodField()
+    stack_id = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = ["id", "status", "stack_id", "spec", "run", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_run(self, deployment: Deployment) -> dict[str, Any] | None:
+        run = deployment.runs.order_by("-attempt").first()
+        return RunRefSerializer(run).data if run else None
+
+
+class DeploymentCreateSerializer(serializers.Serializer):
+    spec = serializers.JSONField(required=False, help_text="Defaults to the stack's spec.")
+
+
+class RunEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunEvent
+        fields = ["kind", "at", "detail"]
+        read_only_fields = fields
+
+
+class RunSerializer(serializers.ModelSerializer):
+    deployment_id = serializers.IntegerField(read_only=True)
+    stack_id = serializers.IntegerField(read_only=True)
+    assigned_runner_id = serializers.UUIDField(read_only=True, allow_null=True)
+    events = RunEventSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "status",
+            "deployment_id",
+            "stack_id",
+            "attempt",
+            "runner_selector",
+            "assigned_runner_id",
+            "assigned_expires_at",
+            "first_pending_at",
+            "started_at",
+            "finished_at",
+            "exit_code",
+            "failure_reason",
+            "cancel_requested_at",
+            "created_at",
+            "events",
+        ]
+        read_only_fields = fields

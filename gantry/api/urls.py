@@ -1,0 +1,25 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+
+from gantry.api import views as v
+
+urlpatterns = [
+    path("schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
+    path("orgs", v.OrgListView.as_view()),
+    path("orgs/<slug:org>", v.OrgDetailView.as_view()),
+    path("orgs/<slug:org>/members", v.MemberListView.as_view()),
+    path("orgs/<slug:org>/runner-groups", v.RunnerGroupListView.as_view()),
+    path("orgs/<slug:org>/stacks", v.StackListView.as_view()),
+    path("orgs/<slug:org>/runs-per-hour-limit", v.RunsPerHourLimitView.as_view()),
+    path("runner-groups/<int:pk>", v.RunnerGroupDetailView.as_view()),
+    path("runner-groups/<int:pk>/rotate-token", v.RunnerGroupRotateTokenView.as_view()),
+    path("runner-groups/<int:pk>/drain", v.RunnerGroupDrainView.as_view(), name="runner_groups_drain"),
+    path("runner-groups/<int:pk>/undrain", v.RunnerGroupUndrainView.as_view(), name="runner_groups_undrain"),
+    path("stacks/<int:pk>", v.StackDetailView.as_view()),
+    path("stacks/<int:pk>/deployments", v.DeploymentListView.as_view()),
+    path("deployments/<int:pk>", v.DeploymentDetailView.as_view()),
+    path("deployments/<int:pk>/skip", v.DeploymentSkipView.as_view()),
+    path("deployments/<int:pk>/retry", v.DeploymentRetryView.as_view()),
+    path("runs/<str:pk>", v.RunDetailView.as_view()),
+    path("runs/<str:pk>/cancel", v.RunCancelView.as_view()),
+]

@@ -1,0 +1,339 @@
+"""Gantry's domain model (DESIGN §2).
+
+Writes to these tables go through ``gantry.core.services``; models carry no
+state-changing methods. Invariants that must hold under concurrency are
+enforced by the database (see ``Meta.constraints`` and the hand-written SQL in
+the migrations), not by the code that usually keeps them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin"
+    MEMBER = "member"
+
+
+class GroupKind(models.TextChoices):
+    SELF_HOSTED = "self_hosted"
+    GITHUB_ACTIONS = "github_actions"
+
+
+class RunnerStatus(models.TextChoices):
+    NOT_READY = "not_ready"
+    READY = "ready"
+    BUSY = "busy"
+
+
+class DeploymentStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    PENDING = "pending"
+    ASSIGNED = "assigned"
+    RUNNING = "running"
+    REQUESTED_CANCELLATION = "requested_cancellation"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILURE = "failure"
+    CANCELLED = "cancelled"
+    DISCARDED = "discarded"
+    STARTUP_TIMEOUT = "startup_timeout"
+
+
+# Named sets of run states, used by services, indexes and reapers alike.
+TERMINAL = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILURE, RunStatus.CANCELLED, RunStatus.DISCARDED, RunStatus.STARTUP_TIMEOUT}
+)
+# The run that holds its stack's lane: at most one per stack (a partial unique index).
+LANE_HOLDERS = frozenset(
+    {
+        RunStatus.PENDING,
+        RunStatus.ASSIGNED,
+        RunStatus.RUNNING,
+        RunStatus.REQUESTED_CANCELLATION,
+        RunStatus.CANCELLING,
+    }
+)
+# States in which a run occupies its runner: at most one such run per runner.
+RUNNER_BOUND = frozenset(
+    {RunStatus.ASSIGNED, RunStatus.RUNNING, RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING}
+)
+# Started and not finished: the runner is executing (or stopping) it.
+EXECUTING = frozenset({RunStatus.RUNNING, RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
+NEVER_STARTED = frozenset({RunStatus.QUEUED, RunStatus.PENDING, RunStatus.ASSIGNED})
+
+# A deployment's status follows its newest run.
+DEPLOYMENT_STATUS_FOR_RUN: dict[str, str] = {
+    RunStatus.QUEUED: DeploymentStatus.QUEUED,
+    RunStatus.PENDING: DeploymentStatus.QUEUED,
+    RunStatus.ASSIGNED: DeploymentStatus.QUEUED,
+    RunStatus.RUNNING: DeploymentStatus.RUNNING,
+    RunStatus.REQUESTED_CANCELLATION: DeploymentStatus.RUNNING,
+    RunStatus.CANCELLING: DeploymentStatus.RUNNING,
+    RunStatus.SUCCEEDED: DeploymentStatus.SUCCEEDED,
+    RunStatus.FAILURE: DeploymentStatus.FAILED,
+    RunStatus.STARTUP_TIMEOUT: DeploymentStatus.FAILED,
+    RunStatus.CANCELLED: DeploymentStatus.CANCELLED,
+    RunStatus.DISCARDED: DeploymentStatus.SKIPPED,
+}
+
+# Stack label keys under this prefix (prefix stripped) form a run's selector.
+SELECTOR_PREFIX = "gantry:runner-group:"
+# Keys under "gantry:" are reserved for the system.
+RESERVED_PREFIX = "gantry:"
+
+
+def _in(field: str, states: frozenset[RunStatus]) -> Q:
+    return Q(**{f"{field}__in": sorted(states)})
+
+
+class Organization(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    # The database holds the default, so orgs created by any writer start at
+    # 2/h; changing it moves only orgs created afterwards (never backfilled).
+    runs_per_hour_limit = models.PositiveIntegerField(default=2, db_default=2)
+    dispatch_throttled_until = models.DateTimeField(null=True, blank=True)
+    default_runner_group = models.ForeignKey(
+        "RunnerGroup", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "organization"
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "membership"
+        constraints = [models.UniqueConstraint(fields=["user", "organization"], name="membership_user_org_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization} ({self.role})"
+
+
+class RunnerGroup(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runner_groups")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=32, choices=GroupKind.choices, default=GroupKind.SELF_HOSTED)
+    labels = models.JSONField(default=dict, blank=True)
+    max_concurrent_runs = models.PositiveIntegerField(default=10)
+    # Part of every group JWT; bumping it revokes all tokens issued before.
+    token_version = models.PositiveIntegerField(default=1)
+    drained = models.BooleanField(default=False)
+    last_dispatch_error = models.TextField(blank=True, default="")
+    last_dispatch_error_at = models.DateTimeField(null=True, blank=True)
+    last_polled_at = models.DateTimeField(null=True, blank=True)
+    github_owner = models.CharField(max_length=100, blank=True, default="")
+    github_repo = models.CharField(max_length=100, blank=True, default="")
+    github_workflow = models.CharField(max_length=200, blank=True, default="")
+    github_ref = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "runner_group"
+        ordering = ["organization_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["organization", "name"], name="runner_group_org_name_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.organization_id}/{self.name}"
+
+
+class Runner(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    runner_group = models.ForeignKey(RunnerGroup, on_delete=models.CASCADE, related_name="runners")
+    status = models.CharField(max_length=16, choices=RunnerStatus.choices, default=RunnerStatus.NOT_READY)
+    created_at = models.DateTimeField(db_default=Now())
+    ready_at = models.DateTimeField(null=True, blank=True)
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    launcher = models.CharField(max_length=32, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    container_id = models.CharField(max_length=128, blank=True, default="")
+    pod_name = models.CharField(max_length=253, blank=True, default="")
+    workflow_run_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "runner"
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["runner_group", "status"], name="runner_group_status_idx")]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class Stack(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="stacks")
+    name = models.CharField(max_length=100)
+    labels = models.JSONField(default=dict, blank=True)
+    spec = models.JSONField(default=dict, blank=True)
+    secrets = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "stack"
+        ordering = ["organization_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["organization", "name"], name="stack_org_name_uniq")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def runner_selector(self) -> dict[str, Any]:
+        return {k[len(SELECTOR_PREFIX) :]: v for k, v in self.labels.items() if k.startswith(SELECTOR_PREFIX)}
+
+
+class Deployment(models.Model):
+    stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="deployments")
+    status = models.CharField(max_length=16, choices=DeploymentStatus.choices, default=DeploymentStatus.QUEUED)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    spec = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "deployment"
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"deployment {self.pk}"
+
+
+class RunSelector(models.Model):
+    """The distinct selectors of an org's runs.
+
+    A poll matches ``selector <@ group.labels`` against this small table, then
+    probes the pending-run index once per matching selector, so its cost follows
+    the number of distinct selectors, never the backlog (PERFORMANCE-NOTES.md).
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="selectors")
+    selector = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "run_selector"
+        constraints = [models.UniqueConstraint(fields=["organization", "selector"], name="run_selector_org_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.organization_id}: {self.selector}"
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runs")
+    stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="runs")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="runs")
+    attempt = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=32, choices=RunStatus.choices)
+    runner_selector = models.JSONField(default=dict)
+    selector = models.ForeignKey(RunSelector, on_delete=models.PROTECT, related_name="runs")
+    # The one binding between a runner and its run. The database constraint is
+    # ON DELETE SET NULL (migration 0002), so a deleted runner releases its run
+    # on every path, including set-based deletes that bypass the ORM.
+    assigned_runner = models.ForeignKey(
+        Runner, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    assigned_at = models.DateTimeField(null=True, blank=True)
+    assigned_expires_at = models.DateTimeField(null=True, blank=True)
+    first_pending_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True, default="")
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    sealed_chunks = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "run"
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["stack"], condition=_in("status", LANE_HOLDERS), name="run_one_lane_holder_per_stack"
+            ),
+            models.UniqueConstraint(
+                fields=["assigned_runner"], condition=_in("status", RUNNER_BOUND), name="run_one_per_runner"
+            ),
+            models.UniqueConstraint(fields=["deployment", "attempt"], name="run_deployment_attempt_uniq"),
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+        ]
+        indexes = [
+            # The claim: one index head per (org, selector), oldest first.
+            models.Index(
+                fields=["organization", "selector", "first_pending_at", "id"],
+                condition=Q(status=RunStatus.PENDING),
+                name="run_pending_claim_idx",
+            ),
+            # PromoteNextOnStack: the oldest queued run of a stack.
+            models.Index(
+                fields=["stack", "created_at", "id"],
+                condition=Q(status=RunStatus.QUEUED),
+                name="run_queued_stack_idx",
+            ),
+            models.Index(fields=["deployment", "-attempt"], name="run_deployment_attempt_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class RunToken(models.Model):
+    """The run API token handed out in RunContext, stored only as its sha256."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="token")
+    token_sha256 = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(db_default=Now())
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "run_token"
+
+    def __str__(self) -> str:
+        return f"token of run {self.run_id}"
+
+
+class RunEvent(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField()
+    kind = models.CharField(max_length=64)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        db_table = "run_event"
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["run", "at"], name="run_event_run_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,84 @@
+"""Validation of the user-supplied shapes: run specs and label maps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gantry.core.errors import InvalidRequest
+from gantry.core.models import RESERVED_PREFIX, SELECTOR_PREFIX
+
+MAX_STEPS = 200
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+DEFAULT_TIMEOUT_SECONDS = 3600
+
+
+def validate_spec(spec: Any, *, field: str = "spec") -> dict[str, Any]:
+    """Return the spec in canonical form, or raise InvalidRequest naming what is wrong.
+
+    A spec is ``{"steps": [{"name": str, "run": str}], "env": {str: str},
+    "timeout_seconds": int}``; ``env`` and ``timeout_seconds`` are optional.
+    Unknown keys are refused: a misspelt ``timout_seconds`` must not silently
+    become the default.
+    """
+    if not isinstance(spec, dict):
+        raise InvalidRequest(f"{field} must be an object")
+    unknown = set(spec) - {"steps", "env", "timeout_seconds"}
+    if unknown:
+        raise InvalidRequest(f"{field} has unknown keys: {', '.join(sorted(unknown))}")
+    steps = spec.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise InvalidRequest(f"{field}.steps must be a non-empty list")
+    if len(steps) > MAX_STEPS:
+        raise InvalidRequest(f"{field}.steps has more than {MAX_STEPS} steps")
+    clean_steps = []
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or set(step) - {"name", "run"}:
+            raise InvalidRequest(f"{field}.steps[{i}] must be an object with 'name' and 'run'")
+        name, run = step.get("name"), step.get("run")
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidRequest(f"{field}.steps[{i}].name must be a non-empty string")
+        if not isinstance(run, str) or not run.strip():
+            raise InvalidRequest(f"{field}.steps[{i}].run must be a non-empty shell command")
+        clean_steps.append({"name": name, "run": run})
+    env = spec.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise InvalidRequest(f"{field}.env must map strings to strings")
+    if any(not k or "=" in k or "\0" in k for k in env):
+        raise InvalidRequest(f"{field}.env has an invalid variable name")
+    timeout = spec.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
+        raise InvalidRequest(f"{field}.timeout_seconds must be a whole number from 1 to {MAX_TIMEOUT_SECONDS}")
+    return {"steps": clean_steps, "env": dict(env), "timeout_seconds": timeout}
+
+
+def _validate_label_map(labels: Any, field: str) -> dict[str, str]:
+    if not isinstance(labels, dict):
+        raise InvalidRequest(f"{field} must be an object of string keys and values")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise InvalidRequest(f"{field} must map non-empty strings to strings")
+        if len(key) > 253 or len(value) > 253:
+            raise InvalidRequest(f"{field}: keys and values are at most 253 characters")
+    return dict(labels)
+
+
+def validate_group_labels(labels: Any) -> dict[str, str]:
+    """A group advertises plain capability labels; the ``gantry:`` prefix is reserved."""
+    clean = _validate_label_map(labels, "labels")
+    reserved = [k for k in clean if k.startswith(RESERVED_PREFIX)]
+    if reserved:
+        raise InvalidRequest(f"labels: keys under '{RESERVED_PREFIX}' are reserved: {', '.join(sorted(reserved))}")
+    return clean
+
+
+def validate_stack_labels(labels: Any) -> dict[str, str]:
+    """Stack labels are free, except that under ``gantry:`` only the selector namespace is allowed."""
+    clean = _validate_label_map(labels, "labels")
+    bad = [k for k in clean if k.startswith(RESERVED_PREFIX) and not k.startswith(SELECTOR_PREFIX)]
+    if bad:
+        raise InvalidRequest(
+            f"labels: under '{RESERVED_PREFIX}' only '{SELECTOR_PREFIX}<key>' is allowed: {', '.join(sorted(bad))}"
+        )
+    if any(k == SELECTOR_PREFIX for k in clean):
+        raise InvalidRequest(f"labels: '{SELECTOR_PREFIX}' needs a key after the prefix")
+    return clean

@@ -1,0 +1,84 @@
+"""Credentials: group and runner JWTs, and run API tokens.
+
+Group token: audience ``runner-group``, the group id (``sub``) and the group's
+``token_version`` (``ver``); no expiry; bumping the version revokes it.
+Runner token: audience ``runner``, the runner id (``sub``), its run (``run``)
+and group (``grp``); minted by the poll, useless once the runner row is gone.
+Both are HS256, signed with the first of ``GANTRY_JWT_KEYS`` and verified with
+whichever key their ``kid`` header names, so keys rotate without a cut-off.
+Run API token: random, handed out once in RunContext, stored only as sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+from django.conf import settings
+
+ISSUER = "gantry"
+AUD_GROUP = "runner-group"
+AUD_RUNNER = "runner"
+ALGORITHM = "HS256"
+
+
+class TokenInvalid(Exception):
+    """A JWT that is forged, malformed, expired or signed with an unknown key."""
+
+
+def _encode(claims: dict[str, Any]) -> str:
+    kid = settings.GANTRY_JWT_SIGNING_KID
+    return jwt.encode(
+        {"iss": ISSUER, **claims}, settings.GANTRY_JWT_KEYS[kid], algorithm=ALGORITHM, headers={"kid": kid}
+    )
+
+
+def mint_group_token(*, group_id: int, token_version: int) -> str:
+    return _encode({"aud": AUD_GROUP, "sub": str(group_id), "ver": token_version})
+
+
+def mint_runner_token(*, runner_id: uuid.UUID, run_id: uuid.UUID, group_id: int) -> str:
+    return _encode({"aud": AUD_RUNNER, "sub": str(runner_id), "run": str(run_id), "grp": group_id})
+
+
+@dataclass(frozen=True)
+class Claims:
+    audience: str
+    subject: str
+    raw: dict[str, Any]
+
+
+def decode(token: str) -> Claims:
+    """Verify signature, issuer and expiry (if any); the caller checks the audience."""
+    try:
+        header = jwt.get_unverified_header(token)
+        key = settings.GANTRY_JWT_KEYS.get(str(header.get("kid", "")))
+        if key is None:
+            raise TokenInvalid("token signed with an unknown key")
+        raw = jwt.decode(
+            token,
+            key,
+            algorithms=[ALGORITHM],
+            issuer=ISSUER,
+            options={"verify_aud": False, "require": ["iss", "aud", "sub"]},
+        )
+    except jwt.PyJWTError as exc:
+        raise TokenInvalid(str(exc)) from exc
+    aud = raw.get("aud")
+    if not isinstance(aud, str):
+        raise TokenInvalid("token has no single audience")
+    return Claims(audience=aud, subject=str(raw["sub"]), raw=raw)
+
+
+def new_run_api_token() -> tuple[str, str]:
+    """A fresh run API token and the sha256 hex digest that is all the database keeps."""
+    token = "gr_" + secrets.token_urlsafe(32)
+    return token, sha256_hex(token)
+
+
+def sha256_hex(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()

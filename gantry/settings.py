@@ -1,0 +1,202 @@
+"""Django settings, all from the environment (see docs/configuration.md).
+
+Gantry's own knobs (``GANTRY_*`` timings and switches) are read in
+``gantry.conf``; this module holds what Django and its libraries need.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+from gantry import conf, embedded
+from gantry.env import envbool, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = envbool("GANTRY_DEBUG", False)
+
+
+def _secret_key() -> str:
+    key = envstr("GANTRY_SECRET_KEY") or envstr("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    # No key configured: keep one in the data folder so sessions and signed
+    # tokens survive a restart of a local installation.
+    path = embedded.data_dir() / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+
+ALLOWED_HOSTS = envlist("GANTRY_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = envlist("GANTRY_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "gantry.core",
+    "gantry.api",
+    "gantry.web",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gantry.urls"
+WSGI_APPLICATION = "gantry.wsgi.application"
+# Paths in the contract have no trailing slash; never redirect to add one.
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_from_url(url: str) -> dict[str, object]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ImproperlyConfigured(f"DATABASE_URL must be a postgres:// URL, not {parts.scheme!r}")
+    options: dict[str, object] = dict(parse_qsl(parts.query))
+    host = str(options.pop("host", "") or unquote(parts.hostname or ""))
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise ImproperlyConfigured("DATABASE_URL names no database")
+    if envbool("GANTRY_DB_POOL", True):
+        # psycopg's pool (Django 5.1+): the poll path reuses warm connections.
+        options["pool"] = {
+            "min_size": envint("GANTRY_DB_POOL_MIN", 2, minimum=0),
+            "max_size": envint("GANTRY_DB_POOL_MAX", 20, minimum=1),
+            "timeout": envint("GANTRY_DB_POOL_TIMEOUT", 10, minimum=1),
+        }
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or ""),
+        "OPTIONS": options,
+        "TEST": {"NAME": envstr("GANTRY_TEST_DATABASE_NAME") or None},
+    }
+
+
+DATABASE_URL = envstr("DATABASE_URL") or embedded.postgres_url()
+DATABASES = {"default": _database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = envstr("REDIS_URL") or embedded.redis_url()
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+# Serve the admin's assets straight from the installed apps: no collectstatic step.
+WHITENOISE_USE_FINDERS = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "gantry.api.auth.BearerJWTAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "gantry.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Gantry API",
+    "DESCRIPTION": "Dispatches queued runs to self-hosted runner groups; see docs/api.md.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "gantry.core.models.RunStatus",
+        "DeploymentStatusEnum": "gantry.core.models.DeploymentStatus",
+        "RunnerStatusEnum": "gantry.core.models.RunnerStatus",
+        "RoleEnum": "gantry.core.models.Role",
+        "GroupKindEnum": "gantry.core.models.GroupKind",
+    },
+}
+
+# Signing keys for group and runner JWTs: "kid:secret,kid2:secret2"; the
+# first signs, all verify, so a key can be rotated in without cutting off
+# tokens signed by the old one.
+_jwt_keys_raw = envstr("GANTRY_JWT_KEYS")
+if _jwt_keys_raw:
+    GANTRY_JWT_KEYS: dict[str, str] = {}
+    for item in _jwt_keys_raw.split(","):
+        kid, sep, secret = item.strip().partition(":")
+        if not sep or not kid or len(secret) < 32:
+            raise ImproperlyConfigured("GANTRY_JWT_KEYS must be 'kid:secret,...' with secrets of 32+ characters")
+        GANTRY_JWT_KEYS[kid] = secret
+    GANTRY_JWT_SIGNING_KID = next(iter(GANTRY_JWT_KEYS))
+else:
+    GANTRY_JWT_KEYS = {"default": SECRET_KEY}
+    GANTRY_JWT_SIGNING_KID = "default"
+
+GANTRY = conf.get()
+
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "gantry.logging.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "json"},
+    },
+    "root": {"handlers": ["console"], "level": envstr("GANTRY_LOG_LEVEL", "INFO").upper()},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+    },
+}
+
+if envbool("GANTRY_SECURE_COOKIES", False):
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True

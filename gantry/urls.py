@@ -1,0 +1,12 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from gantry.web import ops
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("gantry.api.urls")),
+    path("healthz", ops.healthz),
+    path("readyz", ops.readyz),
+    path("metrics", ops.metrics),
+]

@@ -1,0 +1,107 @@
+"""Shared fixtures: a few named personas instead of ad-hoc users.
+
+- ``acme``: the org under test; ``globex``: another org.
+- ``owner``: admin of acme; ``teammate``: member of acme; ``outsider``: admin of globex;
+  ``root``: a superuser (super-admin).
+Every test runs against real PostgreSQL and Redis (the machine's when
+``DATABASE_URL`` / ``REDIS_URL`` are set, else the embedded ones).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from gantry.core import services
+from gantry.core.models import Membership, Organization, Role, RunnerGroup, Stack
+
+SPEC: dict[str, Any] = {"steps": [{"name": "hello", "run": "echo hello"}], "env": {}, "timeout_seconds": 60}
+
+
+def _client(user: User | None = None) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        token, _ = Token.objects.get_or_create(user=user)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def acme(db: None) -> Organization:
+    return Organization.objects.create(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def globex(db: None) -> Organization:
+    return Organization.objects.create(slug="globex", name="Globex")
+
+
+def _member(username: str, org: Organization, role: str, *, staff: bool = False) -> User:
+    user = User.objects.create_user(username=username, password="pw-" + username, is_staff=staff)
+    Membership.objects.create(user=user, organization=org, role=role)
+    return user
+
+
+@pytest.fixture
+def owner(acme: Organization) -> User:
+    return _member("owner", acme, Role.ADMIN, staff=True)
+
+
+@pytest.fixture
+def teammate(acme: Organization) -> User:
+    return _member("teammate", acme, Role.MEMBER)
+
+
+@pytest.fixture
+def outsider(globex: Organization) -> User:
+    return _member("outsider", globex, Role.ADMIN, staff=True)
+
+
+@pytest.fixture
+def root(db: None) -> User:
+    return User.objects.create_superuser(username="root", password="pw-root", email="root@example.com")
+
+
+@pytest.fixture
+def anon() -> APIClient:
+    return _client()
+
+
+@pytest.fixture
+def owner_api(owner: User) -> APIClient:
+    return _client(owner)
+
+
+@pytest.fixture
+def teammate_api(teammate: User) -> APIClient:
+    return _client(teammate)
+
+
+@pytest.fixture
+def outsider_api(outsider: User) -> APIClient:
+    return _client(outsider)
+
+
+@pytest.fixture
+def root_api(root: User) -> APIClient:
+    return _client(root)
+
+
+@pytest.fixture
+def stack(acme: Organization) -> Stack:
+    return services.stack_create(org=acme, name="web", labels={"gantry:runner-group:os": "linux"}, spec=SPEC)
+
+
+@pytest.fixture
+def group(acme: Organization) -> RunnerGroup:
+    group, _token = services.runner_group_create(org=acme, name="linux", labels={"os": "linux", "arch": "amd64"})
+    return group
+
+
+@pytest.fixture
+def globex_stack(globex: Organization) -> Stack:
+    return services.stack_create(org=globex, name="api", spec=SPEC)
