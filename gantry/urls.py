@@ -10,3 +10,7 @@ urlpatterns = [
     path("readyz", ops.readyz),
     path("metrics", ops.metrics),
 ]
+
+# JSON errors for API paths that match no route (or crash), in the contract's shape.
+handler404 = "gantry.web.errors.not_found"
+handler500 = "gantry.web.errors.server_error"

@@ -93,15 +93,11 @@ class RunnerGroupWithTokenSerializer(RunnerGroupSerializer):
         read_only_fields = fields
 
 
-class LabelsField(serializers.DictField):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(child=serializers.CharField(allow_blank=True), **kwargs)
-
-
 class RunnerGroupCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     kind = serializers.ChoiceField(choices=GroupKind.choices, default=GroupKind.SELF_HOSTED)
-    labels = LabelsField(required=False)
+    # Checked by the service (strings only, reserved prefixes): DRF's CharField would coerce 1 to "1".
+    labels = serializers.JSONField(required=False, help_text="Capability labels: an object of string keys and values.")
     max_concurrent_runs = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
     github_owner = serializers.CharField(max_length=100, required=False, allow_blank=True)
     github_repo = serializers.CharField(max_length=100, required=False, allow_blank=True)

@@ -20,6 +20,6 @@ urlpatterns = [
     path("deployments/<int:pk>", v.DeploymentDetailView.as_view()),
     path("deployments/<int:pk>/skip", v.DeploymentSkipView.as_view()),
     path("deployments/<int:pk>/retry", v.DeploymentRetryView.as_view()),
-    path("runs/<str:pk>", v.RunDetailView.as_view()),
-    path("runs/<str:pk>/cancel", v.RunCancelView.as_view()),
+    path("runs/<uuid:pk>", v.RunDetailView.as_view()),
+    path("runs/<uuid:pk>/cancel", v.RunCancelView.as_view()),
 ]

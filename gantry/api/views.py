@@ -6,12 +6,13 @@ Scoping rule: an object of an org the caller is not a member of answers 404
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Model, QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -234,6 +235,7 @@ class RunnerGroupRotateTokenView(UserView):
         return Response({"token": token})
 
 
+@extend_schema_view(post=extend_schema(operation_id="runner_groups_drain"))
 class RunnerGroupDrainView(UserView):
     drained = True
 
@@ -247,6 +249,7 @@ class RunnerGroupDrainView(UserView):
         return Response(s.RunnerGroupSerializer(group).data)
 
 
+@extend_schema_view(post=extend_schema(operation_id="runner_groups_undrain"))
 class RunnerGroupUndrainView(RunnerGroupDrainView):
     drained = False
 
@@ -353,13 +356,13 @@ class DeploymentRetryView(UserView):
 # ---------------------------------------------------------------- runs
 
 
-def _run(request: Request, pk: str) -> Run:
+def _run(request: Request, pk: uuid.UUID) -> Run:
     return scoped(request, Run.objects.prefetch_related("events"), pk, org_path="organization")
 
 
 class RunDetailView(UserView):
     @extend_schema(operation_id="runs_read", responses={200: s.RunSerializer, **_errors(401, 403, 404)})
-    def get(self, request: Request, pk: str) -> Response:
+    def get(self, request: Request, pk: uuid.UUID) -> Response:
         return Response(s.RunSerializer(_run(request, pk)).data)
 
 
@@ -371,6 +374,6 @@ class RunCancelView(UserView):
         description="RequestCancellation: a run that never started is cancelled at once; a running one moves to "
         "requested_cancellation, which its runner sees. 409 run_terminal for a finished run.",
     )
-    def post(self, request: Request, pk: str) -> Response:
+    def post(self, request: Request, pk: uuid.UUID) -> Response:
         run = services.run_request_cancellation(run_id=_run(request, pk).id, by=_user(request))
         return Response(s.RunSerializer(Run.objects.prefetch_related("events").get(id=run.id)).data)

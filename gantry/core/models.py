@@ -193,7 +193,8 @@ class Stack(models.Model):
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="stacks")
     name = models.CharField(max_length=100)
     labels = models.JSONField(default=dict, blank=True)
-    spec = models.JSONField(default=dict, blank=True)
+    # The default spec of the stack's deployments; null when deployments must bring their own.
+    spec = models.JSONField(null=True, blank=True)
     secrets = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_default=Now())
 

@@ -661,7 +661,7 @@ def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any 
         organization=org,
         name=name,
         labels=specs.validate_stack_labels(labels or {}),
-        spec=specs.validate_spec(spec) if spec else {},
+        spec=specs.validate_spec(spec) if spec else None,
         secrets=_validate_secrets(secrets or {}),
     )
 
@@ -671,7 +671,7 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
     if "labels" in fields:
         fields["labels"] = specs.validate_stack_labels(fields["labels"])
     if "spec" in fields:
-        fields["spec"] = specs.validate_spec(fields["spec"]) if fields["spec"] else {}
+        fields["spec"] = specs.validate_spec(fields["spec"]) if fields["spec"] else None
     if "secrets" in fields:
         fields["secrets"] = _validate_secrets(fields["secrets"])
     if (
