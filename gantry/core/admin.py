@@ -1,0 +1,674 @@
+"""The Django admin for Gantry, scoped by organization.
+
+Who sees what:
+- a superuser sees and edits everything;
+- an *org admin* (a staff user holding the ``admin`` role in one or more
+  orgs) sees and edits only the objects of those orgs, without needing any
+  Django model permission: the Membership is the grant;
+- any other staff user (a ``member`` only, or no admin role anywhere) sees no
+  Gantry model at all.
+
+Scoping lives in ``get_queryset``, so another org's object is simply absent:
+its change page answers Django's usual "doesn't exist" redirect and an action
+posted with its id selects nothing. Foreign-key choices are narrowed the same
+way, so a form cannot point at another org's rows either.
+
+Writes go through ``gantry.core.services`` (CONVENTIONS 1): the admin never
+sets a run's or deployment's status; runs, deployments and runners are
+read-only here, and their actions call the same service functions as the API.
+Nothing is deletable except memberships: there is no service for deleting an
+org, group, stack or runner, and the ORM cascade would pull live runs out from
+under their runners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+
+from gantry.core import services, specs
+from gantry.core.errors import GantryError, InvalidRequest
+from gantry.core.models import (
+    Deployment,
+    Membership,
+    Organization,
+    Role,
+    Run,
+    RunEvent,
+    Runner,
+    RunnerGroup,
+    Stack,
+)
+
+# --------------------------------------------------------------------------
+# Scoping
+# --------------------------------------------------------------------------
+
+_CACHE_ATTR = "_gantry_admin_org_ids"
+
+
+def admin_org_ids(request: HttpRequest) -> frozenset[int] | None:
+    """The ids of the orgs whose objects this user may administer; ``None`` means every org.
+
+    Asked many times per page (every permission check, every inline), so the
+    answer is kept on the request.
+    """
+    if hasattr(request, _CACHE_ATTR):
+        cached: frozenset[int] | None = getattr(request, _CACHE_ATTR)
+        return cached
+    user = request.user
+    orgs: frozenset[int] | None
+    if not isinstance(user, User) or not user.is_active or not user.is_staff:
+        orgs = frozenset()
+    elif user.is_superuser:
+        orgs = None
+    else:
+        orgs = frozenset(
+            Membership.objects.filter(user=user, role=Role.ADMIN).values_list("organization_id", flat=True)
+        )
+    setattr(request, _CACHE_ATTR, orgs)
+    return orgs
+
+
+def _org_id_of(obj: Model, path: str) -> int:
+    """Follow ``path`` (``"pk"`` or e.g. ``"stack__organization"``) from ``obj`` to its org id."""
+    if path == "pk":
+        return int(obj.pk)
+    *hops, last = path.split("__")
+    for hop in hops:
+        obj = getattr(obj, hop)
+    return int(getattr(obj, f"{last}_id"))
+
+
+def _allowed(request: HttpRequest, obj: Model | None, path: str) -> bool:
+    orgs = admin_org_ids(request)
+    if orgs is None:
+        return True
+    if not orgs:
+        return False
+    return obj is None or _org_id_of(obj, path) in orgs
+
+
+# How each model reachable by a foreign key in these forms leads to its org.
+_FK_SCOPES: dict[type[Model], str] = {
+    Organization: "id__in",
+    RunnerGroup: "organization_id__in",
+    Stack: "organization_id__in",
+    # A membership may only name people already in one of the admin's orgs:
+    # the full user list is not an org admin's to browse. New people join
+    # through POST /orgs/{org}/members, which creates the user.
+    User: "memberships__organization_id__in",
+}
+
+
+def _scope_fk_choices(request: HttpRequest, db_field: Any, kwargs: dict[str, Any]) -> None:
+    orgs = admin_org_ids(request)
+    lookup = _FK_SCOPES.get(db_field.related_model)
+    if orgs is not None and lookup is not None:
+        kwargs["queryset"] = db_field.related_model._default_manager.filter(**{lookup: orgs}).distinct()
+
+
+class ScopedAdmin(admin.ModelAdmin):
+    """A ModelAdmin whose rows and permissions follow the user's admin orgs."""
+
+    # The path from this model to its Organization, as a query lookup.
+    org_path = "organization"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs = super().get_queryset(request)
+        orgs = admin_org_ids(request)
+        if orgs is None:
+            return qs
+        key = "pk__in" if self.org_path == "pk" else f"{self.org_path}_id__in"
+        return qs.filter(**{key: orgs})
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _allowed(request, None, self.org_path)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, obj, self.org_path)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, obj, self.org_path)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _allowed(request, None, self.org_path)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # see the module docstring
+
+    # The permission the service-calling actions ask for (``permissions=["operate"]``):
+    # anyone who may see the rows may ask the services; the services decide.
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return _allowed(request, None, self.org_path)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        _scope_fk_choices(request, db_field, kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def _apply(
+        self,
+        request: HttpRequest,
+        objects: Iterable[Any],
+        act: Callable[[Any], object],
+        done_message: str,
+        label: Callable[[Any], str] = str,
+    ) -> None:
+        """Call ``act`` on each object; a refusal is reported by name and does not stop the rest."""
+        done = 0
+        for obj in objects:
+            try:
+                act(obj)
+            except GantryError as exc:
+                self.message_user(request, f"{label(obj)}: {exc.detail}", messages.WARNING)
+            else:
+                done += 1
+        if done:
+            self.message_user(request, done_message.format(count=done), messages.SUCCESS)
+
+
+class ReadOnlyScopedAdmin(ScopedAdmin):
+    """Rows that only services change: viewable, never added or edited here."""
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """A read-only child table; ``parent_org_path`` leads from the *parent* to its org."""
+
+    parent_org_path = "organization"
+    extra = 0
+    can_delete = False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, obj, self.parent_org_path)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _acting_user(request: HttpRequest) -> User | None:
+    return request.user if isinstance(request.user, User) else None
+
+
+def _adopt(obj: Model, created: Model) -> None:
+    """Point the admin's unsaved instance at the row a service created.
+
+    The admin goes on to log the addition and redirect using ``obj``.
+    """
+    obj.pk = created.pk
+    obj._state.adding = False
+    obj.refresh_from_db()
+
+
+def _validated(check: Callable[[Any], Any], value: Any) -> Any:
+    """Run a ``specs`` validator, turning its refusal into a form error."""
+    try:
+        return check(value)
+    except InvalidRequest as exc:
+        raise ValidationError(exc.detail) from exc
+
+
+def _check_unique_name(form: forms.ModelForm, model: type[Model]) -> None:
+    # The (organization, name) constraint is only checked by Django when the
+    # organization is a form field; on change it is read-only, so check here
+    # rather than let the service's Conflict surface as a server error.
+    name = form.cleaned_data.get("name")
+    org = form.cleaned_data.get("organization")
+    org_id = org.id if org is not None else form.instance.organization_id
+    if (
+        name
+        and org_id
+        and model._default_manager.filter(organization_id=org_id, name=name).exclude(pk=form.instance.pk).exists()
+    ):
+        form.add_error("name", f"A {model._meta.verbose_name} named {name!r} exists in this organization.")
+
+
+# --------------------------------------------------------------------------
+# Organizations and memberships
+# --------------------------------------------------------------------------
+
+
+class MembershipForm(forms.ModelForm):
+    class Meta:
+        model = Membership
+        fields = ["user", "role"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A membership is a (user, org) pair: change its role or delete it,
+        # never re-point it at someone else.
+        if self.instance.pk is not None:
+            self.fields["user"].disabled = True
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    form = MembershipForm
+    extra = 0
+    readonly_fields = ["created_at"]
+
+    def _allowed(self, request: HttpRequest, obj: Any) -> bool:
+        return _allowed(request, obj, "pk")  # obj is the parent Organization
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        _scope_fk_choices(request, db_field, kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class OrganizationForm(forms.ModelForm):
+    class Meta:
+        model = Organization
+        fields = ["slug", "name", "runs_per_hour_limit", "max_in_flight", "default_runner_group"]
+
+    def clean_default_runner_group(self) -> RunnerGroup | None:
+        group = self.cleaned_data.get("default_runner_group")
+        if group is not None and group.organization_id != self.instance.pk:
+            raise ValidationError("The default runner group must belong to this organization.")
+        return group
+
+
+# Dispatch budget and identity: a super-admin's to set (DESIGN §4: the rate is
+# read-only for org admins); the throttle stamp belongs to the dispatcher.
+ROOT_ONLY_ORG_FIELDS = ("slug", "runs_per_hour_limit", "max_in_flight")
+SYSTEM_ORG_FIELDS = ("dispatch_throttled_until", "created_at")
+
+
+@admin.register(Organization)
+class OrganizationAdmin(ScopedAdmin):
+    org_path = "pk"
+    form = OrganizationForm
+    inlines = [MembershipInline]
+    fields = [
+        "slug",
+        "name",
+        "runs_per_hour_limit",
+        "max_in_flight",
+        "default_runner_group",
+        "dispatch_throttled_until",
+        "created_at",
+    ]
+    list_display = ["slug", "name", "runs_per_hour_limit", "dispatch_throttled_until", "max_in_flight", "created_at"]
+    search_fields = ["slug", "name"]
+    ordering = ["slug"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        if admin_org_ids(request) is None:
+            return SYSTEM_ORG_FIELDS
+        return ROOT_ONLY_ORG_FIELDS + SYSTEM_ORG_FIELDS
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return admin_org_ids(request) is None  # org admins cannot create orgs
+
+    def save_model(self, request: HttpRequest, obj: Organization, form: Any, change: bool) -> None:
+        data, changed = form.cleaned_data, set(form.changed_data)
+        if not change:
+            _adopt(obj, services.org_create(slug=data["slug"], name=data["name"]))
+            changed -= {"slug", "name"}
+        plain = [f for f in ("slug", "name", "max_in_flight") if f in changed]
+        if plain:
+            for f in plain:
+                setattr(obj, f, data[f])
+            obj.save(update_fields=plain)
+        if "default_runner_group" in changed:
+            group = data["default_runner_group"]
+            services.org_update(org=obj, default_runner_group_id=group.id if group else None)
+        if "runs_per_hour_limit" in changed:
+            # Through the service: a new rate must also clear the throttle stamp.
+            services.org_set_runs_per_hour_limit(org=obj, limit=data["runs_per_hour_limit"])
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        if formset.model is not Membership:
+            super().save_formset(request, form, formset, change)
+            return
+        # commit=False still fills new/changed/deleted_objects for the admin's log.
+        formset.save(commit=False)
+        for membership in formset.deleted_objects:
+            membership.delete()
+        for membership in [*formset.new_objects, *(m for m, _ in formset.changed_objects)]:
+            # membership_set also makes a new org admin staff, so the grant works here.
+            services.membership_set(org=form.instance, username=membership.user.username, role=membership.role)
+
+
+# --------------------------------------------------------------------------
+# Runner groups and runners
+# --------------------------------------------------------------------------
+
+GROUP_FIELDS = (
+    "name",
+    "kind",
+    "labels",
+    "max_concurrent_runs",
+    "github_owner",
+    "github_repo",
+    "github_workflow",
+    "github_ref",
+)
+
+
+class RunnerGroupForm(forms.ModelForm):
+    class Meta:
+        model = RunnerGroup
+        fields = ["organization", *GROUP_FIELDS]
+
+    def clean_labels(self) -> dict[str, str]:
+        return _validated(specs.validate_group_labels, self.cleaned_data.get("labels") or {})
+
+    def clean(self) -> dict[str, Any] | None:
+        cleaned = super().clean()
+        _check_unique_name(self, RunnerGroup)
+        return cleaned
+
+
+@admin.register(RunnerGroup)
+class RunnerGroupAdmin(ScopedAdmin):
+    form = RunnerGroupForm
+    fields = [
+        "organization",
+        *GROUP_FIELDS,
+        "drained",
+        "runner_count",
+        "token_version",
+        "last_polled_at",
+        "last_dispatch_error",
+        "last_dispatch_error_at",
+        "created_at",
+    ]
+    list_display = [
+        "name",
+        "organization",
+        "kind",
+        "drained",
+        "runner_count",
+        "max_concurrent_runs",
+        "token_version",
+        "last_polled_at",
+        "last_dispatch_error_at",
+    ]
+    list_filter = ["kind", "drained", ("organization", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["organization"]
+    search_fields = ["name", "organization__slug"]
+    ordering = ["organization__slug", "name"]
+    actions = ["rotate_token", "drain", "undrain"]
+    # Drained and the token change only through the actions (services); the
+    # rest is written by the dispatcher and the poll.
+    readonly_fields = [
+        "drained",
+        "runner_count",
+        "token_version",
+        "last_polled_at",
+        "last_dispatch_error",
+        "last_dispatch_error_at",
+        "created_at",
+    ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # A group's token and runners belong to its org; it never moves.
+        return [*self.readonly_fields, "organization"] if obj is not None else list(self.readonly_fields)
+
+    def save_model(self, request: HttpRequest, obj: RunnerGroup, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        if change:
+            services.runner_group_update(group=obj, **{f: data[f] for f in form.changed_data if f in GROUP_FIELDS})
+            return
+        group, token = services.runner_group_create(
+            org=data["organization"], **{f: data[f] for f in GROUP_FIELDS if f in data}
+        )
+        _adopt(obj, group)
+        self._show_token(request, group, token)
+
+    def _show_token(self, request: HttpRequest, group: RunnerGroup, token: str) -> None:
+        # The one and only time the token is shown: Gantry keeps no copy.
+        self.message_user(
+            request,
+            f"Token for runner group {group.organization.slug}/{group.name} (shown once, copy it now): {token}",
+            messages.SUCCESS,
+        )
+
+    @admin.action(description="Rotate token (the old one stops working at once)", permissions=["change"])
+    def rotate_token(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> None:
+        for group in queryset.select_related("organization"):
+            self._show_token(request, group, services.runner_group_rotate_token(group=group))
+
+    @admin.action(description="Drain selected groups (stop dispatch)", permissions=["change"])
+    def drain(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> None:
+        self._apply(
+            request,
+            queryset,
+            lambda g: services.runner_group_set_drained(group=g, drained=True),
+            "Drained {count} runner group(s).",
+        )
+
+    @admin.action(description="Undrain selected groups (resume dispatch)", permissions=["change"])
+    def undrain(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> None:
+        self._apply(
+            request,
+            queryset,
+            lambda g: services.runner_group_set_drained(group=g, drained=False),
+            "Undrained {count} runner group(s).",
+        )
+
+
+@admin.register(Runner)
+class RunnerAdmin(ReadOnlyScopedAdmin):
+    # Runners come and go with the protocol (poll, deregister, reapers).
+    org_path = "runner_group__organization"
+    list_display = ["id", "runner_group", "status", "launcher", "hostname", "created_at", "last_seen_at"]
+    list_filter = ["status", ("runner_group", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["runner_group"]
+    search_fields = ["=id", "hostname", "runner_group__name", "runner_group__organization__slug"]
+    ordering = ["-created_at"]
+
+
+# --------------------------------------------------------------------------
+# Stacks
+# --------------------------------------------------------------------------
+
+STACK_FIELDS = ("name", "labels", "spec")
+
+
+class StackForm(forms.ModelForm):
+    # Secret values are write-only, as in the API: the form never shows them;
+    # it takes changes only (name → value sets one, name → null removes it).
+    secrets_update = forms.JSONField(
+        required=False,
+        label="Set secrets",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text='JSON object: {"NAME": "value"} sets a secret, {"NAME": null} removes it. '
+        "Values are never shown again.",
+    )
+
+    class Meta:
+        model = Stack
+        fields = ["organization", *STACK_FIELDS]
+
+    def clean_labels(self) -> dict[str, str]:
+        return _validated(specs.validate_stack_labels, self.cleaned_data.get("labels") or {})
+
+    def clean_spec(self) -> dict[str, Any]:
+        spec = self.cleaned_data.get("spec") or {}
+        return _validated(specs.validate_spec, spec) if spec else {}
+
+    def clean_secrets_update(self) -> dict[str, str | None]:
+        update = self.cleaned_data.get("secrets_update")
+        if update is None:
+            return {}
+        if not isinstance(update, dict) or not all(
+            isinstance(k, str) and k and (v is None or isinstance(v, str)) for k, v in update.items()
+        ):
+            raise ValidationError("Give a JSON object mapping secret names to a string, or to null to remove it.")
+        return update
+
+    def clean(self) -> dict[str, Any] | None:
+        cleaned = super().clean()
+        _check_unique_name(self, Stack)
+        return cleaned
+
+
+def _apply_secrets(current: dict[str, str], update: dict[str, str | None]) -> dict[str, str]:
+    merged = {**current, **{k: v for k, v in update.items() if v is not None}}
+    return {k: v for k, v in merged.items() if update.get(k, "") is not None}
+
+
+@admin.register(Stack)
+class StackAdmin(ScopedAdmin):
+    form = StackForm
+    fields = ["organization", *STACK_FIELDS, "secret_names", "secrets_update", "created_at"]
+    # No secrets here: list views show names only (see secret_names).
+    list_display = ["name", "organization", "selector", "secret_names", "created_at"]
+    list_filter = [("organization", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["organization"]
+    search_fields = ["name", "organization__slug"]
+    ordering = ["organization__slug", "name"]
+    readonly_fields = ["secret_names", "created_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*self.readonly_fields, "organization"] if obj is not None else list(self.readonly_fields)
+
+    @admin.display(description="runner selector")
+    def selector(self, stack: Stack) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(stack.runner_selector.items())) or "(any)"
+
+    @admin.display(description="secrets")
+    def secret_names(self, stack: Stack) -> str:
+        return ", ".join(sorted(stack.secrets)) or "-"
+
+    def save_model(self, request: HttpRequest, obj: Stack, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        update = data.get("secrets_update") or {}
+        if change:
+            fields = {f: data[f] for f in form.changed_data if f in STACK_FIELDS}
+            if update:
+                fields["secrets"] = _apply_secrets(obj.secrets, update)
+            services.stack_update(stack=obj, **fields)
+            return
+        stack = services.stack_create(
+            org=data["organization"],
+            name=data["name"],
+            labels=data["labels"],
+            spec=data["spec"],
+            secrets=_apply_secrets({}, update),
+        )
+        _adopt(obj, stack)
+
+
+# --------------------------------------------------------------------------
+# Deployments and runs: read-only; actions call the state machine's services
+# --------------------------------------------------------------------------
+
+
+class RunInline(ReadOnlyInline):
+    model = Run
+    parent_org_path = "stack__organization"  # the parent is a Deployment
+    fields = ["id", "attempt", "status", "created_at", "started_at", "finished_at", "failure_reason"]
+    ordering = ["attempt"]
+    show_change_link = True
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(ReadOnlyScopedAdmin):
+    org_path = "stack__organization"
+    inlines = [RunInline]
+    list_display = ["id", "stack", "org", "status", "created_by", "created_at", "updated_at"]
+    list_filter = ["status", ("stack__organization", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["stack__organization", "created_by"]
+    search_fields = ["=id", "stack__name", "stack__organization__slug"]
+    date_hierarchy = "created_at"
+    actions = ["skip", "retry"]
+
+    @admin.display(description="organization", ordering="stack__organization__slug")
+    def org(self, deployment: Deployment) -> str:
+        return deployment.stack.organization.slug
+
+    @admin.action(description="Skip selected deployments (discard runs not yet started)", permissions=["operate"])
+    def skip(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        by = _acting_user(request)
+        self._apply(
+            request,
+            queryset,
+            lambda d: services.deployment_skip(deployment_id=d.id, by=by),
+            "Skipped {count} deployment(s).",
+        )
+
+    @admin.action(description="Retry selected deployments (new attempt)", permissions=["operate"])
+    def retry(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        by = _acting_user(request)
+        self._apply(
+            request,
+            queryset,
+            lambda d: services.deployment_retry(deployment_id=d.id, by=by),
+            "Retried {count} deployment(s).",
+        )
+
+
+class RunEventInline(ReadOnlyInline):
+    model = RunEvent
+    parent_org_path = "organization"  # the parent is a Run
+    fields = ["at", "kind", "detail"]
+    ordering = ["at", "id"]
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyScopedAdmin):
+    inlines = [RunEventInline]
+    list_display = [
+        "id",
+        "status",
+        "organization",
+        "stack",
+        "deployment",
+        "attempt",
+        "first_pending_at",
+        "started_at",
+        "finished_at",
+    ]
+    list_filter = [
+        "status",
+        ("organization", admin.RelatedOnlyFieldListFilter),
+        ("stack", admin.RelatedOnlyFieldListFilter),
+    ]
+    list_select_related = ["organization", "stack", "deployment"]
+    search_fields = ["=id", "stack__name", "organization__slug"]
+    date_hierarchy = "created_at"
+    ordering = ["-created_at"]
+    actions = ["cancel"]
+
+    @admin.action(description="Cancel selected runs", permissions=["operate"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        by = _acting_user(request)
+        self._apply(
+            request,
+            queryset,
+            lambda r: services.run_request_cancellation(run_id=r.id, by=by),
+            "Asked to cancel {count} run(s).",
+            label=lambda r: f"Run {r.id}",
+        )

@@ -1,0 +1,105 @@
+"""Stacks: secret values are write-only; labels and spec are validated like the API does."""
+
+from __future__ import annotations
+
+import json
+
+from django.test import Client
+
+from gantry.core import services
+from gantry.core.models import Organization, Stack
+from tests.admin.helpers import url
+from tests.conftest import SPEC
+
+
+def _with_secret(stack: Stack) -> Stack:
+    return services.stack_update(stack=stack, secrets={"DB_PASSWORD": "hunter2-secret"})
+
+
+def test_it_never_shows_secret_values(owner_admin: Client, stack: Stack) -> None:
+    _with_secret(stack)
+    listing = owner_admin.get(url("stack")).content.decode()
+    detail = owner_admin.get(url("stack", "change", stack.pk)).content.decode()
+    assert "DB_PASSWORD" in listing
+    assert "DB_PASSWORD" in detail
+    assert "hunter2-secret" not in listing
+    assert "hunter2-secret" not in detail
+
+
+def test_it_sets_and_removes_secrets(owner_admin: Client, stack: Stack) -> None:
+    _with_secret(stack)
+    services.stack_update(stack=stack, secrets={"DB_PASSWORD": "hunter2-secret", "OLD": "x"})
+    r = owner_admin.post(
+        url("stack", "change", stack.pk),
+        {
+            "name": "web",
+            "labels": json.dumps(stack.labels),
+            "spec": json.dumps(stack.spec),
+            "secrets_update": '{"API_KEY": "k", "OLD": null}',
+        },
+    )
+    assert r.status_code == 302
+    stack.refresh_from_db()
+    assert stack.secrets == {"DB_PASSWORD": "hunter2-secret", "API_KEY": "k"}
+
+
+def test_it_keeps_secrets_when_the_field_is_left_empty(owner_admin: Client, stack: Stack) -> None:
+    _with_secret(stack)
+    r = owner_admin.post(
+        url("stack", "change", stack.pk),
+        {"name": "web2", "labels": json.dumps(stack.labels), "spec": json.dumps(stack.spec), "secrets_update": ""},
+    )
+    assert r.status_code == 302
+    stack.refresh_from_db()
+    assert (stack.name, stack.secrets) == ("web2", {"DB_PASSWORD": "hunter2-secret"})
+
+
+def test_it_creates_a_stack(owner_admin: Client, acme: Organization) -> None:
+    r = owner_admin.post(
+        url("stack", "add"),
+        {
+            "organization": acme.pk,
+            "name": "api",
+            "labels": '{"gantry:runner-group:os": "linux"}',
+            "spec": json.dumps(SPEC),
+            "secrets_update": '{"TOKEN": "t"}',
+        },
+    )
+    assert r.status_code == 302
+    stack = Stack.objects.get(organization=acme, name="api")
+    assert (stack.runner_selector, stack.secrets, stack.spec["steps"]) == (
+        {"os": "linux"},
+        {"TOKEN": "t"},
+        SPEC["steps"],
+    )
+
+
+def test_it_refuses_a_bad_spec(owner_admin: Client, stack: Stack) -> None:
+    r = owner_admin.post(
+        url("stack", "change", stack.pk),
+        {"name": "web", "labels": "{}", "spec": '{"steps": [], "timout_seconds": 5}'},
+    )
+    assert r.status_code == 200
+    assert "unknown keys" in str(r.context["adminform"].form.errors["spec"])
+    stack.refresh_from_db()
+    assert stack.spec["steps"] == SPEC["steps"]
+
+
+def test_it_refuses_reserved_stack_labels(owner_admin: Client, stack: Stack) -> None:
+    r = owner_admin.post(
+        url("stack", "change", stack.pk),
+        {"name": "web", "labels": '{"gantry:other": "x"}', "spec": json.dumps(stack.spec)},
+    )
+    assert r.status_code == 200
+    assert "labels" in r.context["adminform"].form.errors
+    stack.refresh_from_db()
+    assert "gantry:other" not in stack.labels
+
+
+def test_it_refuses_malformed_secret_updates(owner_admin: Client, stack: Stack) -> None:
+    r = owner_admin.post(
+        url("stack", "change", stack.pk),
+        {"name": "web", "labels": "{}", "spec": json.dumps(stack.spec), "secrets_update": '{"N": 5}'},
+    )
+    assert r.status_code == 200
+    assert "secrets_update" in r.context["adminform"].form.errors
