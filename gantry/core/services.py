@@ -96,12 +96,17 @@ def _sync_deployment(run: Run, now: datetime) -> None:
     ).update(status=DEPLOYMENT_STATUS_FOR_RUN[run.status], updated_at=now)
 
 
-def _refusal(run_id: uuid.UUID, target: str, expected: Iterable[str]) -> Exception:
+def _refusal(run_id: uuid.UUID, target: str, expected: Iterable[str], guard: str = "") -> Exception:
     current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
     if current is None:
         return NotFound("run not found")
     if current in TERMINAL:
         return RunTerminal(f"run is {current}; a finished run never changes", status=current)
+    if guard and current in expected:
+        # Right state, but the transition's extra condition failed: name the
+        # condition. ("run is assigned; pending needs it to be one of: assigned"
+        # contradicted itself for a lease that had not lapsed yet.)
+        return InvalidTransition(f"run is {current}, but {target} needs {guard}", status=current)
     wanted = ", ".join(sorted(expected))
     return InvalidTransition(f"run is {current}; {target} needs it to be one of: {wanted}", status=current)
 
@@ -115,16 +120,21 @@ def _transition(
     event: str,
     detail: dict[str, Any] | None = None,
     extra_filter: dict[str, Any] | None = None,
+    guard: str = "",
     **fields: Any,
 ) -> Run:
-    """The guarded update every run transition is made of."""
+    """The guarded update every run transition is made of.
+
+    ``guard`` describes ``extra_filter`` in words, for the refusal when the run
+    is in an expected state but the extra condition does not hold.
+    """
     expected = frozenset(expected)
     changed = (
         Run.objects.filter(id=run_id, status__in=sorted(expected), **(extra_filter or {}))
         .update(status=target, updated_at=now, **fields)
     )  # fmt: skip
     if changed != 1:
-        raise _refusal(run_id, target, expected)
+        raise _refusal(run_id, target, expected, guard)
     _event(run_id, event, now, **(detail or {}))
     run = Run.objects.get(id=run_id)
     _sync_deployment(run, now)
@@ -155,8 +165,13 @@ def _json(value: Any) -> str:
 # --------------------------------------------------------------------------
 
 
-def _run_create(*, deployment: Deployment, stack: Stack, attempt: int, now: datetime) -> Run:
-    """Create a run on the stack's lane (caller holds the stack lock)."""
+def _run_create(
+    *, deployment: Deployment, stack: Stack, attempt: int, now: datetime, detail: dict[str, Any] | None = None
+) -> Run:
+    """Create a run on the stack's lane (caller holds the stack lock).
+
+    ``detail`` adds to the one ``created`` event (a retry names the attempt it repeats).
+    """
     lane_taken = Run.objects.filter(stack_id=stack.id, status__in=sorted(LANE_HOLDERS)).exists()
     selector = stack.runner_selector
     run = Run.objects.create(
@@ -171,7 +186,7 @@ def _run_create(*, deployment: Deployment, stack: Stack, attempt: int, now: date
         created_at=now,
         updated_at=now,
     )
-    _event(run.id, "created", now, status=run.status, attempt=attempt)
+    _event(run.id, "created", now, status=run.status, attempt=attempt, **(detail or {}))
     _sync_deployment(run, now)
     if run.status == RunStatus.PENDING:
         notify_claimable(organization_id=stack.organization_id)
@@ -236,6 +251,7 @@ def _terminate(
     event: str,
     detail: dict[str, Any] | None = None,
     extra_filter: dict[str, Any] | None = None,
+    guard: str = "",
     **fields: Any,
 ) -> Run:
     """Move a run to a terminal state, revoke its token and promote its stack's queue."""
@@ -253,6 +269,7 @@ def _terminate(
             event=event,
             detail=detail,
             extra_filter=extra_filter,
+            guard=guard,
             finished_at=now,
             assigned_at=None,
             assigned_expires_at=None,
@@ -303,6 +320,7 @@ def run_reset_lease(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
             now=now,
             event="lease_expired",
             extra_filter={"assigned_expires_at__lt": now},
+            guard="its assignment lease to have lapsed",
             assigned_at=None,
             assigned_expires_at=None,
         )
@@ -436,6 +454,7 @@ def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Ru
         now=now,
         event="startup_timeout",
         extra_filter={"started_at__isnull": True},
+        guard="a run that never started",
         failure_reason="no runner started the run before the startup deadline",
     )
 
@@ -525,8 +544,12 @@ def deployment_retry(*, deployment_id: int, by: User | None = None, now: datetim
                 code="not_retryable",
                 status=run.status,
             )
-        new_run = _run_create(deployment=deployment, stack=deployment.stack, attempt=run.attempt + 1, now=now)
-        _event(new_run.id, "retry_of", now, run_id=str(run.id), **({"by": by.get_username()} if by else {}))
+        # One transition, one event: the retry's origin goes into its "created" event
+        # (it used to be a second, separate "retry_of" event on the same run).
+        retry_detail = {"retry_of": str(run.id), **({"by": by.get_username()} if by else {})}
+        _run_create(
+            deployment=deployment, stack=deployment.stack, attempt=run.attempt + 1, now=now, detail=retry_detail
+        )
     deployment.refresh_from_db()
     return deployment
 
