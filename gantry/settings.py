@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "gantry.core",
     "gantry.api",
+    "gantry.dispatch",
     "gantry.web",
 ]
 
@@ -200,3 +201,4 @@ LOGGING = {
 if envbool("GANTRY_SECURE_COOKIES", False):
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"  # one-time tokens never sit in a cookie

@@ -1,6 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
+from gantry.api import runner_views as rv
 from gantry.api import views as v
 
 urlpatterns = [
@@ -11,6 +12,16 @@ urlpatterns = [
     path("orgs/<slug:org>/runner-groups", v.RunnerGroupListView.as_view()),
     path("orgs/<slug:org>/stacks", v.StackListView.as_view()),
     path("orgs/<slug:org>/runs-per-hour-limit", v.RunsPerHourLimitView.as_view()),
+    # The two-phase protocol: runner-group and runner calls.
+    path("runner-groups/poll", rv.PollView.as_view()),
+    path("runner-groups/dispatch-failed", rv.DispatchFailedView.as_view()),
+    path("runners/<uuid:runner_id>/ready", rv.ReadyView.as_view()),
+    path("runners/<uuid:runner_id>/deregister", rv.DeregisterView.as_view()),
+    path("runs/<uuid:run_id>/accept", rv.AcceptView.as_view()),
+    path("runs/<uuid:run_id>/status", rv.StatusView.as_view()),
+    path("runs/<uuid:run_id>/acknowledging-cancel", rv.AcknowledgeCancelView.as_view()),
+    path("runs/<uuid:run_id>/done", rv.DoneView.as_view()),
+    # User and admin calls.
     path("runner-groups/<int:pk>", v.RunnerGroupDetailView.as_view()),
     path("runner-groups/<int:pk>/rotate-token", v.RunnerGroupRotateTokenView.as_view()),
     path("runner-groups/<int:pk>/drain", v.RunnerGroupDrainView.as_view(), name="runner_groups_drain"),

@@ -144,6 +144,11 @@ class RunnerGroup(models.Model):
     kind = models.CharField(max_length=32, choices=GroupKind.choices, default=GroupKind.SELF_HOSTED)
     labels = models.JSONField(default=dict, blank=True)
     max_concurrent_runs = models.PositiveIntegerField(default=10)
+    # The group's runner rows are its slots; this counts them. Kept by a
+    # trigger on runner (migration 0003), so every insert and delete, ORM or
+    # raw SQL, is counted. The claim reads it from the group row it locks,
+    # which is what makes the capacity check exact under concurrent polls.
+    runner_count = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     # Part of every group JWT; bumping it revokes all tokens issued before.
     token_version = models.PositiveIntegerField(default=1)
     drained = models.BooleanField(default=False)
@@ -163,6 +168,20 @@ class RunnerGroup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.organization_id}/{self.name}"
+
+    # Written only by set-based statements (claim, rotate, trigger, dispatch
+    # errors). A plain save() of a form-loaded instance must never write back
+    # stale copies: a stale token_version would undo a rotation.
+    SYSTEM_FIELDS = frozenset(
+        {"runner_count", "token_version", "last_polled_at", "last_dispatch_error", "last_dispatch_error_at"}
+    )
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            kwargs["update_fields"] = [
+                f.name for f in self._meta.concrete_fields if not f.primary_key and f.name not in self.SYSTEM_FIELDS
+            ]
+        super().save(*args, **kwargs)
 
 
 class Runner(models.Model):
@@ -287,11 +306,13 @@ class Run(models.Model):
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
         ]
         indexes = [
-            # The claim: one index head per (org, selector), oldest first.
+            # The claim: one index head per (org, selector), oldest first. It
+            # holds exactly the claimable runs: pending and bound to no live
+            # runner (the FK nulls the pointer when the runner row goes).
             models.Index(
                 fields=["organization", "selector", "first_pending_at", "id"],
-                condition=Q(status=RunStatus.PENDING),
-                name="run_pending_claim_idx",
+                condition=Q(status=RunStatus.PENDING, assigned_runner__isnull=True),
+                name="run_claimable_idx",
             ),
             # PromoteNextOnStack: the oldest queued run of a stack.
             models.Index(

@@ -66,8 +66,11 @@ def _now(now: datetime | None) -> datetime:
 
 
 def notify_claimable(*, organization_id: int) -> None:
-    """Tell parked long polls of this org that a run may be claimable.
+    """Tell parked long polls of this org that a claim may now succeed.
 
+    A *run* becoming claimable notifies by itself (triggers on run and runner,
+    migration 0004); this is for the other changes that can make a claim
+    succeed: a group undrained or relabelled, a new default group, a new rate.
     NOTIFY is transactional: it is delivered on commit and dropped on rollback,
     so a listener never wakes for a run it cannot see yet.
     """
@@ -188,8 +191,6 @@ def _run_create(
     )
     _event(run.id, "created", now, status=run.status, attempt=attempt, **(detail or {}))
     _sync_deployment(run, now)
-    if run.status == RunStatus.PENDING:
-        notify_claimable(organization_id=stack.organization_id)
     return run
 
 
@@ -238,7 +239,6 @@ def stack_promote_next(*, stack_id: int, now: datetime | None = None) -> Run | N
         event="promoted",
         first_pending_at=Coalesce(F("first_pending_at"), now),
     )
-    notify_claimable(organization_id=run.organization_id)
     return run
 
 
@@ -313,7 +313,7 @@ def run_reset_lease(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
     """
     now = _now(now)
     with transaction.atomic():
-        run = _transition(
+        return _transition(
             run_id,
             expected={RunStatus.ASSIGNED},
             target=RunStatus.PENDING,
@@ -324,8 +324,6 @@ def run_reset_lease(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
             assigned_at=None,
             assigned_expires_at=None,
         )
-        notify_claimable(organization_id=run.organization_id)
-    return run
 
 
 def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None = None) -> tuple[Run, str]:
@@ -385,22 +383,38 @@ def _accept_refusal(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime) -
     return Conflict(f"run is {run.status}", status=run.status)
 
 
-def run_acknowledge_cancel(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
-    """requested_cancellation → cancelling: the runner has seen the request and is stopping."""
+def run_acknowledge_cancel(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID | None = None, now: datetime | None = None
+) -> Run:
+    """requested_cancellation → cancelling: the runner has seen the request and is stopping.
+
+    Idempotent for the runner: a replay after a lost answer finds the run
+    cancelling already and changes nothing.
+    """
     now = _now(now)
-    return _transition(
-        run_id,
-        expected={RunStatus.REQUESTED_CANCELLATION},
-        target=RunStatus.CANCELLING,
-        now=now,
-        event="cancel_acknowledged",
-    )
+    bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
+    try:
+        return _transition(
+            run_id,
+            expected={RunStatus.REQUESTED_CANCELLATION},
+            target=RunStatus.CANCELLING,
+            now=now,
+            event="cancel_acknowledged",
+            extra_filter=bound,
+            guard="the runner that holds it",
+        )
+    except InvalidTransition:
+        run = Run.objects.get(id=run_id)
+        if runner_id is not None and run.status == RunStatus.CANCELLING and run.assigned_runner_id == runner_id:
+            return run
+        raise
 
 
 def run_finish(
     *,
     run_id: uuid.UUID,
     outcome: str,
+    runner_id: uuid.UUID | None = None,
     exit_code: int | None = None,
     error: str = "",
     sealed_chunks: int | None = None,
@@ -419,15 +433,26 @@ def run_finish(
     fields: dict[str, Any] = {"exit_code": exit_code, "failure_reason": error}
     if sealed_chunks is not None:
         fields["sealed_chunks"] = sealed_chunks
-    return _terminate(
-        run_id,
-        expected=expected,
-        target=outcome,
-        now=now,
-        event="finished",
-        detail={"outcome": outcome, "exit_code": exit_code},
-        **fields,
-    )
+    bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
+    try:
+        return _terminate(
+            run_id,
+            expected=expected,
+            target=outcome,
+            now=now,
+            event="finished",
+            detail={"outcome": outcome, "exit_code": exit_code},
+            extra_filter=bound,
+            guard="the runner that holds it",
+            **fields,
+        )
+    except RunTerminal:
+        # A replay of /done whose first answer was lost: same runner, same
+        # outcome, already recorded. Anything else stays a conflict.
+        run = Run.objects.get(id=run_id)
+        if runner_id is not None and run.status == outcome and run.assigned_runner_id == runner_id:
+            return run
+        raise
 
 
 def run_fail(
@@ -436,11 +461,20 @@ def run_fail(
     reason: str,
     event: str = "failed",
     expected: Iterable[str] = frozenset(LANE_HOLDERS),
+    extra_filter: dict[str, Any] | None = None,
+    guard: str = "",
     now: datetime | None = None,
 ) -> Run:
     """Any live run → failure (runner lost, dispatch failed, accept undeliverable, force-delete)."""
     return _terminate(
-        run_id, expected=expected, target=RunStatus.FAILURE, now=_now(now), event=event, failure_reason=reason
+        run_id,
+        expected=expected,
+        target=RunStatus.FAILURE,
+        now=_now(now),
+        event=event,
+        extra_filter=extra_filter,
+        guard=guard,
+        failure_reason=reason,
     )
 
 
@@ -552,6 +586,110 @@ def deployment_retry(*, deployment_id: int, by: User | None = None, now: datetim
         )
     deployment.refresh_from_db()
     return deployment
+
+
+# --------------------------------------------------------------------------
+# Runners
+# --------------------------------------------------------------------------
+
+RUNNER_METADATA = ("hostname", "launcher", "pid", "container_id", "pod_name", "workflow_run_id")
+
+
+def runner_ready(*, runner_id: uuid.UUID, metadata: dict[str, Any] | None = None, now: datetime | None = None) -> None:
+    """not_ready → ready, recording where the runner runs.
+
+    Idempotent on ready: the answer is an empty 204, so a lost answer looks to
+    the runner like a request that never committed, and it retries. A strict
+    edge would fail every replay and strand the runner before it could
+    deregister. A busy runner has accepted: it is not replaying, so that is a
+    conflict.
+    """
+    now = _now(now)
+    extra = {k: v for k, v in (metadata or {}).items() if k in RUNNER_METADATA and v is not None}
+    changed = Runner.objects.filter(id=runner_id, status=RunnerStatus.NOT_READY).update(
+        status=RunnerStatus.READY, ready_at=now, **extra
+    )
+    if changed:
+        return
+    current = Runner.objects.filter(id=runner_id).values_list("status", flat=True).first()
+    if current is None:
+        raise NotFound("runner not found")
+    if current == RunnerStatus.BUSY:
+        raise Conflict("runner has already accepted its run", code="runner_busy")
+    if extra:
+        Runner.objects.filter(id=runner_id).update(**extra)
+
+
+def runner_seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime | None = None) -> str:
+    """The runner's /status: refresh its liveness and answer its run's status (one statement)."""
+    now = _now(now)
+    with connection.cursor() as cur:
+        cur.execute(
+            "WITH seen AS (UPDATE runner SET last_seen_at = %s WHERE id = %s) SELECT status FROM run WHERE id = %s",
+            [now, runner_id, run_id],
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise NotFound("run not found")
+    return str(row[0])
+
+
+def runner_deregister(*, runner_id: uuid.UUID, now: datetime | None = None) -> None:
+    """Delete the runner row, unless it still holds a run.
+
+    It holds a run while executing it, or while assigned with an unexpired
+    lease (it could still accept). A runner whose run was skipped or whose lease
+    lapsed can always go: that frees its group slot and, through the FK's ON
+    DELETE SET NULL, releases its run for dispatch at once.
+    """
+    now = _now(now)
+    with connection.cursor() as cur:
+        # One statement: the NOT EXISTS and the DELETE see the same snapshot,
+        # and the run row lock taken by a concurrent accept makes that accept
+        # commit first or see the runner gone.
+        cur.execute(
+            """
+            DELETE FROM runner WHERE id = %(runner)s AND NOT EXISTS (
+                SELECT 1 FROM run WHERE assigned_runner_id = %(runner)s
+                  AND (status = ANY(%(executing)s) OR (status = 'assigned' AND assigned_expires_at > %(now)s))
+            )
+            RETURNING id
+            """,
+            {"runner": runner_id, "executing": sorted(EXECUTING), "now": now},
+        )
+        if cur.fetchone() is not None:
+            return
+    if not Runner.objects.filter(id=runner_id).exists():
+        raise NotFound("runner not found")
+    raise Conflict("runner still holds a run; finish it (or let its lease lapse) first", code="runner_holds_run")
+
+
+def dispatch_failed(
+    *, group: RunnerGroup, run_id: uuid.UUID, runner_id: uuid.UUID, error: str, now: datetime | None = None
+) -> Run:
+    """The group could not start the runner for a run it claimed (ReportDispatchFailure).
+
+    The run fails rather than re-queues: the group knows the launch failed, and
+    dispatching it again would fail again in a loop. The stub is deleted and
+    the error recorded on the group for operators.
+    """
+    now = _now(now)
+    if not Runner.objects.filter(id=runner_id, runner_group=group).exists():
+        raise NotFound("runner not found in this group")
+    with transaction.atomic():
+        run = run_fail(
+            run_id=run_id,
+            reason=f"dispatch failed: {error}",
+            event="dispatch_failed",
+            # A lapsed lease returns the run to pending but keeps the runner pointer.
+            expected={RunStatus.ASSIGNED, RunStatus.PENDING},
+            extra_filter={"assigned_runner_id": runner_id, "started_at__isnull": True},
+            guard="a never-started run assigned to that runner",
+            now=now,
+        )
+        Runner.objects.filter(id=runner_id).delete()
+        RunnerGroup.objects.filter(id=group.id).update(last_dispatch_error=error[:4000], last_dispatch_error_at=now)
+    return run
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,317 @@
+"""The runner-group and runner calls of the two-phase protocol (DESIGN §4).
+
+Group calls take the group JWT; runner calls take the runner JWT, and every
+runner route checks the path against the token (the run binding): a token for
+run X used on run Y, or for another runner, is refused with 403 and nothing
+changes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gantry import conf
+from gantry.api.auth import GroupPrincipal, IsRunner, IsRunnerGroup, RunnerPrincipal
+from gantry.api.serializers import ErrorSerializer, SpecSerializer
+from gantry.core import services
+from gantry.core.errors import Forbidden, InvalidRequest
+from gantry.core.models import RunStatus
+from gantry.dispatch import claim as dispatch
+from gantry.dispatch.longpoll import wait_for_claim
+
+
+def _errors(*codes: int) -> dict[int, Any]:
+    text = {
+        400: "invalid request",
+        401: "no, invalid or revoked token",
+        403: "wrong token type, or a runner token used for another run or runner",
+        404: "not found",
+        409: "the run or runner is not in a state that allows this; see `code` and `detail`",
+    }
+    return {code: OpenApiResponse(ErrorSerializer, description=text[code]) for code in codes}
+
+
+def _group(request: Request) -> GroupPrincipal:
+    assert isinstance(request.user, GroupPrincipal)
+    return request.user
+
+
+def _runner(
+    request: Request, *, run_id: uuid.UUID | None = None, runner_id: uuid.UUID | None = None
+) -> RunnerPrincipal:
+    """The calling runner, after the run binding: path ids must be the token's."""
+    principal = request.user
+    assert isinstance(principal, RunnerPrincipal)
+    if run_id is not None and run_id != principal.run_id:
+        raise Forbidden("this runner token is bound to another run", code="run_binding")
+    if runner_id is not None and runner_id != principal.runner.id:
+        raise Forbidden("this runner token belongs to another runner", code="run_binding")
+    return principal
+
+
+# ---------------------------------------------------------------- runner group
+
+
+class ClaimSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    runner_id = serializers.UUIDField()
+    runner_token = serializers.CharField(help_text="The runner JWT; hand it to the ephemeral runner.")
+    assigned_expires_at = serializers.DateTimeField(help_text="The runner must /accept before this.")
+
+
+class PollView(APIView):
+    permission_classes = [IsRunnerGroup]
+
+    @extend_schema(
+        operation_id="runner_groups_poll",
+        parameters=[
+            OpenApiParameter(
+                "wait",
+                int,
+                description="Seconds (0-30) to hold the request until work arrives (long poll). Default 0.",
+            )
+        ],
+        responses={
+            200: ClaimSerializer,
+            204: OpenApiResponse(description="no claimable run (or the org's dispatch budget is spent)"),
+            **_errors(400, 401, 403),
+        },
+        description="Claim the oldest pending run this group can serve: creates a not_ready stub runner, "
+        "assigns the run to it with a lease and answers the runner's credentials.",
+    )
+    def get(self, request: Request) -> Response:
+        group = _group(request).group
+        raw = request.query_params.get("wait", "0")
+        try:
+            wait = float(raw)
+        except ValueError:
+            raise InvalidRequest("wait must be a number of seconds from 0 to 30") from None
+        if not 0 <= wait <= min(30, conf.get().poll_max_wait):
+            raise InvalidRequest(f"wait must be from 0 to {min(30, conf.get().poll_max_wait)} seconds")
+        result = wait_for_claim(org_id=group.organization_id, wait=wait, attempt=lambda: dispatch.claim(group=group))
+        if result is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(
+            ClaimSerializer(
+                {
+                    "run_id": result.run_id,
+                    "runner_id": result.runner_id,
+                    "runner_token": result.runner_token,
+                    "assigned_expires_at": result.assigned_expires_at,
+                }
+            ).data
+        )
+
+
+class DispatchFailedSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    runner_id = serializers.UUIDField()
+    error = serializers.CharField(max_length=4000, help_text="Why the runner could not be started.")
+
+
+class DispatchFailedView(APIView):
+    permission_classes = [IsRunnerGroup]
+
+    @extend_schema(
+        operation_id="runner_groups_dispatch_failed",
+        request=DispatchFailedSerializer,
+        responses={204: None, **_errors(400, 401, 403, 404, 409)},
+        description="The group could not start the runner for a claimed run: the run and its deployment fail "
+        "(not re-queued: it would fail again), the stack's queue moves on, the stub runner is deleted and the "
+        "error is recorded on the group (last_dispatch_error).",
+    )
+    def post(self, request: Request) -> Response:
+        ser = DispatchFailedSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        services.dispatch_failed(group=_group(request).group, **ser.validated_data)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# ---------------------------------------------------------------- runner
+
+
+class ReadySerializer(serializers.Serializer):
+    hostname = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    launcher = serializers.CharField(max_length=32, required=False, allow_blank=True)
+    pid = serializers.IntegerField(required=False, allow_null=True)
+    container_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    pod_name = serializers.CharField(max_length=253, required=False, allow_blank=True)
+    workflow_run_id = serializers.IntegerField(required=False, allow_null=True)
+
+
+class ReadyView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runners_ready",
+        request=ReadySerializer,
+        responses={204: None, **_errors(400, 401, 403, 409)},
+        description="not_ready → ready, recording the runner's host metadata. Idempotent: a runner already "
+        "ready gets 204 again (its first answer may have been lost). 409 runner_busy once it has accepted.",
+    )
+    def post(self, request: Request, runner_id: uuid.UUID) -> Response:
+        principal = _runner(request, runner_id=runner_id)
+        ser = ReadySerializer(data=request.data or {})
+        ser.is_valid(raise_exception=True)
+        services.runner_ready(runner_id=principal.runner.id, metadata=dict(ser.validated_data))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class LogsInfoSerializer(serializers.Serializer):
+    chunk_size_bytes = serializers.IntegerField()
+    live_interval_s = serializers.IntegerField()
+    max_bytes = serializers.IntegerField()
+
+
+class RunContextSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    deployment_id = serializers.IntegerField()
+    stack_id = serializers.IntegerField()
+    spec = SpecSerializer()
+    secrets = serializers.DictField(child=serializers.CharField())
+    scm = serializers.DictField(allow_null=True, help_text="Clone information; null when the stack has none.")
+    logs = LogsInfoSerializer()
+    status_interval_s = serializers.IntegerField()
+    api_token = serializers.CharField(help_text="The run's API token. Shown once; the server keeps its hash only.")
+
+
+LOG_CHUNK_SIZE = 1024 * 1024
+
+
+class AcceptView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runs_accept",
+        request=None,
+        responses={200: RunContextSerializer, **_errors(401, 403, 404, 409)},
+        description=(
+            "assigned → running for the runner holding an unexpired lease; answers the RunContext. 409 codes: "
+            "`accept_response_undeliverable` (this runner already accepted: the first answer was lost, so the run "
+            "is failed now and may be retried), `run_already_terminal` (the run was discarded or cancelled while "
+            "the runner booted: benign, exit 0). Otherwise an uncoded 409 (`conflict`) names the cause: pending "
+            "(lease expired and reset), reassigned, lease past expiry, failure, startup_timeout."
+        ),
+    )
+    def post(self, request: Request, run_id: uuid.UUID) -> Response:
+        principal = _runner(request, run_id=run_id)
+        run, api_token = services.run_accept(run_id=run_id, runner_id=principal.runner.id)
+        cfg = conf.get()
+        context = {
+            "run_id": run.id,
+            "deployment_id": run.deployment_id,
+            "stack_id": run.stack_id,
+            "spec": run.deployment.spec,
+            "secrets": run.stack.secrets,
+            "scm": None,
+            "logs": {
+                "chunk_size_bytes": LOG_CHUNK_SIZE,
+                "live_interval_s": cfg.live_log_interval,
+                "max_bytes": cfg.log_max_bytes,
+            },
+            "status_interval_s": cfg.status_interval,
+            "api_token": api_token,
+        }
+        return Response(RunContextSerializer(context).data)
+
+
+class RunStatusSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=RunStatus.choices)
+    cancel_requested = serializers.BooleanField()
+
+
+class StatusView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runs_status",
+        responses={200: RunStatusSerializer, **_errors(401, 403, 404)},
+        description="Refreshes the runner's liveness (last_seen_at) and answers the run's status and whether "
+        "cancellation is requested. A terminal status means the runner should stop.",
+    )
+    def get(self, request: Request, run_id: uuid.UUID) -> Response:
+        principal = _runner(request, run_id=run_id)
+        run_status = services.runner_seen(runner_id=principal.runner.id, run_id=run_id)
+        return Response(
+            {
+                "status": run_status,
+                "cancel_requested": run_status in (RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING),
+            }
+        )
+
+
+class AcknowledgeCancelView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runs_acknowledging_cancel",
+        request=None,
+        responses={204: None, **_errors(401, 403, 404, 409)},
+        description="requested_cancellation → cancelling: the runner is stopping its steps.",
+    )
+    def post(self, request: Request, run_id: uuid.UUID) -> Response:
+        principal = _runner(request, run_id=run_id)
+        services.run_acknowledge_cancel(run_id=run_id, runner_id=principal.runner.id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ManifestSerializer(serializers.Serializer):
+    count = serializers.IntegerField(min_value=0)
+    sha256 = serializers.ListField(child=serializers.CharField(max_length=64), help_text="Hash of each sealed chunk.")
+
+
+class DoneSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=["succeeded", "failure", "cancelled"])
+    exit_code = serializers.IntegerField(required=False, allow_null=True)
+    sealed_chunks = serializers.IntegerField(required=False, min_value=0)
+    manifest = ManifestSerializer(required=False)
+    error = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+
+
+class DoneView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runs_done",
+        request=DoneSerializer,
+        responses={204: None, **_errors(400, 401, 403, 404, 409)},
+        description="The run ends: succeeded, failure (with exit code) or cancelled (only after a cancellation "
+        "request). The stack's next queued run is promoted and the run's API token revoked.",
+    )
+    def post(self, request: Request, run_id: uuid.UUID) -> Response:
+        principal = _runner(request, run_id=run_id)
+        ser = DoneSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        data = ser.validated_data
+        services.run_finish(
+            run_id=run_id,
+            runner_id=principal.runner.id,
+            outcome=data["outcome"],
+            exit_code=data.get("exit_code"),
+            error=data.get("error", ""),
+            sealed_chunks=data.get("sealed_chunks"),
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class DeregisterView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runners_deregister",
+        responses={204: None, **_errors(401, 403, 409)},
+        description="Delete the runner row (freeing its group slot and releasing any run it points at). "
+        "409 runner_holds_run only while it holds a run: running, requested_cancellation, cancelling, or "
+        "assigned with an unexpired lease. A runner whose run was skipped or whose lease lapsed may always go.",
+    )
+    def delete(self, request: Request, runner_id: uuid.UUID) -> Response:
+        principal = _runner(request, runner_id=runner_id)
+        services.runner_deregister(runner_id=principal.runner.id)
+        return Response(status=status.HTTP_204_NO_CONTENT)

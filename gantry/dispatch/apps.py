@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class DispatchConfig(AppConfig):
+    name = "gantry.dispatch"
+    label = "dispatch"

@@ -1,0 +1,125 @@
+"""Long poll: park a poll until a run may be claimable for its org, then retry the claim.
+
+Each server process runs one listener thread holding one PostgreSQL connection
+that ``LISTEN``s on ``gantry_claimable`` (sent by triggers, see migration 0004,
+and by services for group and org changes). A notification bumps its org's
+generation counter and wakes the parked polls of that org; each retries its
+claim and re-parks if another poll won. A parked poll holds no database
+connection (it hands its own back to the pool), only a thread, so a threaded
+server (gunicorn ``gthread``) holds many of them cheaply.
+
+A notification can be lost (listener reconnecting, server restart), so a
+parked poll also re-checks every ``RECHECK_SECONDS``; and a poll reads the
+generation *before* its claim attempt, so a notification that lands between a
+failed claim and the wait is never missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+from django.conf import settings
+from django.db import connection
+
+from gantry.core.services import NOTIFY_CHANNEL
+
+log = logging.getLogger("gantry.longpoll")
+
+# Upper bound on how late a lost notification can make a parked poll.
+RECHECK_SECONDS = 5.0
+
+T = TypeVar("T")
+
+
+class ClaimableListener:
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._cond = threading.Condition()
+        self._generation: defaultdict[int, int] = defaultdict(int)
+        self._epoch = 0  # bumped on reconnect: everyone re-checks
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gantry-listen", daemon=True)
+        self._thread.start()
+
+    def generation(self, org_id: int) -> tuple[int, int]:
+        with self._cond:
+            return self._epoch, self._generation[org_id]
+
+    def wait(self, org_id: int, seen: tuple[int, int], timeout: float) -> bool:
+        """Wait until ``org_id`` may have new work since ``seen``; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: (self._epoch, self._generation[org_id]) != seen, timeout)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True once LISTEN is in place (tests use it to avoid racing the first notification)."""
+        return self._ready.wait(timeout)
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    with self._cond:
+                        # Anything sent while we were not listening is lost: wake all.
+                        self._epoch += 1
+                        self._cond.notify_all()
+                    self._ready.set()
+                    backoff = 0.5
+                    for note in conn.notifies():
+                        self._wake(note.payload)
+            except Exception:
+                self._ready.clear()
+                log.warning("long-poll listener lost its connection; reconnecting", exc_info=True,
+                            extra={"event": "longpoll.listener_reconnect"})  # fmt: skip
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _wake(self, payload: str) -> None:
+        try:
+            org_id = int(payload)
+        except ValueError:
+            return
+        with self._cond:
+            self._generation[org_id] += 1
+            self._cond.notify_all()
+
+
+_listener: ClaimableListener | None = None
+_listener_lock = threading.Lock()
+
+
+def listener() -> ClaimableListener:
+    global _listener
+    with _listener_lock:
+        if _listener is None:
+            _listener = ClaimableListener(settings.DATABASE_URL)
+        return _listener
+
+
+def wait_for_claim(*, org_id: int, wait: float, attempt: Callable[[], T | None]) -> T | None:
+    """Call ``attempt`` now, and again whenever the org may have new work, until it
+    returns something or ``wait`` seconds pass."""
+    if wait <= 0:
+        return attempt()
+    deadline = time.monotonic() + wait
+    lst = listener()
+    while True:
+        # Read the generation before the attempt: a notification that lands
+        # after a failed attempt but before the wait still wakes us.
+        seen = lst.generation(org_id)
+        result = attempt()
+        if result is not None:
+            return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        # Hand the connection back to the pool while parked.
+        connection.close()
+        lst.wait(org_id, seen, min(remaining, RECHECK_SECONDS))
