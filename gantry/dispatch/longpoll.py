@@ -25,7 +25,8 @@ from typing import TypeVar
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
+from psycopg.conninfo import make_conninfo
 
 from gantry.core.services import NOTIFY_CHANNEL
 
@@ -44,6 +45,7 @@ class ClaimableListener:
         self._generation: defaultdict[int, int] = defaultdict(int)
         self._epoch = 0  # bumped on reconnect: everyone re-checks
         self._ready = threading.Event()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gantry-listen", daemon=True)
         self._thread.start()
 
@@ -60,9 +62,14 @@ class ClaimableListener:
         """True once LISTEN is in place (tests use it to avoid racing the first notification)."""
         return self._ready.wait(timeout)
 
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop listening and drop the connection (tests: a database cannot be dropped while we hold one)."""
+        self._stop.set()
+        self._thread.join(timeout)
+
     def _run(self) -> None:
         backoff = 0.5
-        while True:
+        while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
@@ -72,14 +79,18 @@ class ClaimableListener:
                         self._cond.notify_all()
                     self._ready.set()
                     backoff = 0.5
-                    for note in conn.notifies():
-                        self._wake(note.payload)
+                    while not self._stop.is_set():
+                        # A bounded wait only so close() is noticed; notifications
+                        # arriving between two calls are kept by the connection.
+                        for note in conn.notifies(timeout=1.0):
+                            self._wake(note.payload)
             except Exception:
                 self._ready.clear()
                 log.warning("long-poll listener lost its connection; reconnecting", exc_info=True,
                             extra={"event": "longpoll.listener_reconnect"})  # fmt: skip
-                time.sleep(backoff)
+                self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
+        self._ready.clear()
 
     def _wake(self, payload: str) -> None:
         try:
@@ -95,12 +106,32 @@ _listener: ClaimableListener | None = None
 _listener_lock = threading.Lock()
 
 
+def _dsn() -> str:
+    """The database Django's connection really uses, not just the one DATABASE_URL names.
+
+    NOTIFY reaches only listeners on the same database. Under tests Django points
+    the connection at the test database while DATABASE_URL still names the
+    configured one: LISTENing there heard nothing, and every parked poll waited
+    for its periodic re-check instead of waking.
+    """
+    return make_conninfo(settings.DATABASE_URL, dbname=connections["default"].settings_dict["NAME"])
+
+
 def listener() -> ClaimableListener:
     global _listener
     with _listener_lock:
         if _listener is None:
-            _listener = ClaimableListener(settings.DATABASE_URL)
+            _listener = ClaimableListener(_dsn())
         return _listener
+
+
+def stop_listener() -> None:
+    """Stop this process's listener, if it runs; the next long poll starts a new one."""
+    global _listener
+    with _listener_lock:
+        if _listener is not None:
+            _listener.close()
+            _listener = None
 
 
 def wait_for_claim(*, org_id: int, wait: float, attempt: Callable[[], T | None]) -> T | None:

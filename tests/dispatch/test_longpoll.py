@@ -1,0 +1,286 @@
+"""The long poll over real HTTP (DESIGN §5 "Long poll"; reference "Phase 1: Poll").
+
+Requests go to pytest-django's ``live_server`` (a threaded server in this
+process) with the stdlib ``http.client``. A poll is started in a thread; the
+test knows it is parked once its first claim attempt has committed (the group's
+``last_polled_at`` moved) and the listener is LISTENing. The poll reads the
+listener's generation before that attempt, so any notification after it wakes
+the poll: the short delay after that only makes sure the request sits in its
+wait, it synchronizes nothing. Timings are reported; only generous bounds are
+asserted.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+
+from gantry import conf
+from gantry.core import services
+from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus
+from gantry.dispatch import longpoll
+from gantry.dispatch.claim import claim
+from tests.dispatch.helpers import deploy, make_stack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+POLL = "/api/v1/runner-groups/poll"
+# "Well under a second" is the goal; this bound only catches a poll that was
+# never woken and answered at its periodic re-check instead.
+WAKE_BOUND_S = 3.0
+
+
+class Answer:
+    def __init__(self, status: int, body: Any, seconds: float, answered_at: float) -> None:
+        self.status = status
+        self.body = body
+        self.seconds = seconds  # request sent → answer read
+        self.answered_at = answered_at  # perf_counter() when the answer was read
+
+
+def request(base: str, path: str, *, auth: str | None = None, timeout: float = 45) -> Answer:
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname or "localhost", parts.port, timeout=timeout)
+    headers = {"Authorization": auth} if auth else {}
+    try:
+        started = time.perf_counter()
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+        answered = time.perf_counter()
+    finally:
+        conn.close()
+    body = json.loads(raw) if raw else None
+    return Answer(resp.status, body, answered - started, answered)
+
+
+class BackgroundPoll:
+    """One poll request running in its own thread."""
+
+    def __init__(self, base: str, token: str, wait: float) -> None:
+        self.answer: Answer | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(base, token, wait), daemon=True)
+        self._thread.start()
+
+    def _run(self, base: str, token: str, wait: float) -> None:
+        try:
+            self.answer = request(base, f"{POLL}?wait={wait:g}", auth=f"Bearer {token}")
+        except BaseException as exc:  # judged by the test
+            self.error = exc
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float) -> Answer:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the poll did not answer in time"
+        assert self.error is None, self.error
+        assert self.answer is not None
+        return self.answer
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """Bounded polling for a condition another thread or process makes true."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def last_polled(group: RunnerGroup) -> datetime | None:
+    return RunnerGroup.objects.values_list("last_polled_at", flat=True).get(id=group.id)
+
+
+def park(base: str, token: str, group: RunnerGroup, *, wait: float) -> BackgroundPoll:
+    """Start a poll and return once it has made its first (empty) attempt and is waiting."""
+    assert longpoll.listener().wait_ready(5), "the listener never started LISTENing"
+    before = last_polled(group)
+    poll = BackgroundPoll(base, token, wait)
+    wait_until(lambda: last_polled(group) != before, 5, "the poll's first claim attempt")
+    time.sleep(0.05)  # bounded: lets the request reach its wait; correctness does not depend on it
+    assert not poll.done, "the poll answered instead of parking"
+    return poll
+
+
+def new_group(org: Organization, name: str = "lp", **fields: Any) -> tuple[RunnerGroup, str]:
+    return services.runner_group_create(org=org, name=name, labels={"os": "linux"}, **fields)
+
+
+def lapse(run: Run) -> datetime:
+    """A time past the run's lease."""
+    assert run.assigned_expires_at is not None
+    return run.assigned_expires_at + timedelta(seconds=1)
+
+
+# ---------------------------------------------------------------- waking
+
+
+def test_it_wakes_a_parked_poll_when_a_deployment_is_created(live_server: Any, acme: Organization) -> None:
+    group, token = new_group(acme)
+    stacks = [make_stack(acme, f"s{i}", {"os": "linux"}) for i in range(10)]
+    latencies: list[float] = []
+    for stack in stacks:
+        poll = park(live_server.url, token, group, wait=10)
+        deployment = services.deployment_create(stack=stack)
+        committed = time.perf_counter()
+        answer = poll.result(timeout=15)
+
+        assert answer.status == 200, answer.body
+        run = Run.objects.get(deployment=deployment)
+        assert set(answer.body) == {"run_id", "runner_id", "runner_token", "assigned_expires_at"}
+        assert answer.body["run_id"] == str(run.id)
+        assert run.status == RunStatus.ASSIGNED
+        assert answer.body["runner_id"] == str(run.assigned_runner_id)
+        assert Runner.objects.filter(id=answer.body["runner_id"], runner_group=group).exists()
+        assert answer.body["runner_token"]
+        assert datetime.fromisoformat(answer.body["assigned_expires_at"]) == run.assigned_expires_at
+        latency = answer.answered_at - committed
+        assert latency < WAKE_BOUND_S, f"woken after {latency:.3f} s: the notification did not wake the poll"
+        latencies.append(latency)
+    median = statistics.median(latencies)
+    print(
+        f"\nlong-poll wake median: {median:.3f} s over {len(latencies)} "
+        f"(min {min(latencies):.3f} s, max {max(latencies):.3f} s)"
+    )
+
+
+def test_it_wakes_a_parked_poll_when_a_deregistered_runner_releases_its_run(
+    live_server: Any, acme: Organization
+) -> None:
+    group, token = new_group(acme)
+    run = deploy(make_stack(acme, "web", {"os": "linux"}))
+    first = claim(group=group)
+    assert first is not None
+    run.refresh_from_db()
+    later = lapse(run)
+    services.run_reset_lease(run_id=run.id, now=later)
+    run.refresh_from_db()
+    assert (run.status, run.assigned_runner_id) == (RunStatus.PENDING, first.runner_id)
+
+    poll = park(live_server.url, token, group, wait=10)
+    services.runner_deregister(runner_id=first.runner_id, now=later)
+    released = time.perf_counter()
+    answer = poll.result(timeout=15)
+
+    assert answer.status == 200, answer.body
+    assert answer.body["run_id"] == str(run.id)
+    assert answer.body["runner_id"] != str(first.runner_id)
+    latency = answer.answered_at - released
+    assert latency < WAKE_BOUND_S, f"woken after {latency:.3f} s"
+    print(f"\nlong-poll wake after deregister: {latency:.3f} s")
+
+
+def test_it_wakes_a_poll_parked_on_a_full_group_when_a_slot_frees(live_server: Any, acme: Organization) -> None:
+    group, token = new_group(acme, max_concurrent_runs=1)
+    a = deploy(make_stack(acme, "a", {"os": "linux"}))
+    b = deploy(make_stack(acme, "b", {"os": "linux"}))
+    held = claim(group=group)
+    assert held is not None
+    assert held.run_id == a.id
+
+    poll = park(live_server.url, token, group, wait=10)  # b waits: the one slot is taken
+    services.dispatch_failed(group=group, run_id=a.id, runner_id=held.runner_id, error="spawn failed")
+    freed = time.perf_counter()
+    answer = poll.result(timeout=15)
+
+    assert answer.status == 200, answer.body
+    assert answer.body["run_id"] == str(b.id)
+    latency = answer.answered_at - freed
+    assert latency < WAKE_BOUND_S, f"woken after {latency:.3f} s"
+
+
+def test_it_does_not_hand_another_orgs_run_to_a_parked_poll(
+    live_server: Any, acme: Organization, globex: Organization
+) -> None:
+    group, token = new_group(acme)
+    lst = longpoll.listener()
+    poll = park(live_server.url, token, group, wait=2)
+    seen = lst.generation(globex.id)
+    theirs = deploy(make_stack(globex, "theirs", {"os": "linux"}))
+    # The notification did arrive (for globex), so the test exercises the wake path.
+    wait_until(lambda: lst.generation(globex.id) != seen, 5, "globex's notification")
+    answer = poll.result(timeout=10)
+
+    assert answer.status == 204, answer.body
+    assert answer.seconds >= 1.9
+    assert Run.objects.get(id=theirs.id).status == RunStatus.PENDING
+    assert not Runner.objects.exists()
+
+
+# ---------------------------------------------------------------- no work, bad input, wrong caller
+
+
+def test_it_answers_204_at_once_for_wait_0_without_work(live_server: Any, acme: Organization) -> None:
+    _group, token = new_group(acme)
+    answer = request(live_server.url, f"{POLL}?wait=0", auth=f"Bearer {token}")
+    assert answer.status == 204
+    assert answer.body is None
+    assert answer.seconds < 0.9  # it never parks (generous: typically milliseconds)
+
+
+def test_it_answers_204_at_the_deadline_for_wait_1_without_work(live_server: Any, acme: Organization) -> None:
+    _group, token = new_group(acme)
+    answer = request(live_server.url, f"{POLL}?wait=1", auth=f"Bearer {token}")
+    assert answer.status == 204
+    assert answer.seconds >= 0.9
+    assert not Runner.objects.exists()
+
+
+@pytest.mark.parametrize("wait", ["31", "-1", "abc"])
+def test_it_refuses_a_bad_wait(live_server: Any, acme: Organization, wait: str) -> None:
+    assert conf.get().poll_max_wait >= 30
+    _group, token = new_group(acme)
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    answer = request(live_server.url, f"{POLL}?wait={wait}", auth=f"Bearer {token}")
+    assert answer.status == 400
+    assert answer.body["code"] == "invalid_request"
+    assert not Runner.objects.exists()  # refused before any claim
+
+
+def test_it_refuses_a_runner_token(live_server: Any, acme: Organization) -> None:
+    group, _token = new_group(acme)
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    deploy(make_stack(acme, "web2", {"os": "linux"}))
+    held = claim(group=group)
+    assert held is not None
+    answer = request(live_server.url, f"{POLL}?wait=0", auth=f"Bearer {held.runner_token}")
+    assert answer.status == 403
+    assert Runner.objects.count() == 1
+
+
+def test_it_refuses_a_user_token(live_server: Any, acme: Organization, owner: User) -> None:
+    new_group(acme)
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    key = Token.objects.create(user=owner).key
+    answer = request(live_server.url, f"{POLL}?wait=0", auth=f"Token {key}")
+    assert answer.status == 403
+    assert not Runner.objects.exists()
+
+
+def test_it_refuses_a_poll_without_a_token(live_server: Any, acme: Organization) -> None:
+    new_group(acme)
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    answer = request(live_server.url, f"{POLL}?wait=0")
+    assert answer.status == 401
+    assert not Runner.objects.exists()
+
+
+def test_it_answers_200_at_once_when_work_exists(live_server: Any, acme: Organization) -> None:
+    _group, token = new_group(acme)
+    run = deploy(make_stack(acme, "web", {"os": "linux"}))
+    answer = request(live_server.url, f"{POLL}?wait=10", auth=f"Bearer {token}")
+    assert answer.status == 200
+    assert answer.body["run_id"] == str(run.id)
