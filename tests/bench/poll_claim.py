@@ -1,0 +1,836 @@
+"""Poll-claim benchmark: the real ``gantry.dispatch.claim.claim()`` against a big pending backlog.
+
+Usage::
+
+    python -m tests.bench.poll_claim [--sizes 1000,100000,1000000] [--seconds 10] [--pollers 1,8]
+                                     [--shapes all,adversarial] [--matching-selectors 4]
+
+``DATABASE_URL`` names the database (default
+``postgres://postgres@127.0.0.1:5432/gantry_bench``); it is created when missing
+and migrated. Its Gantry tables are TRUNCATEd for every case: never point this
+at a database whose data you want to keep.
+
+What it does, per backlog size N and shape:
+
+1. Loads N pending runs with set-based SQL (one INSERT ... SELECT over
+   ``generate_series`` for stacks, deployments and runs; one stack and one
+   deployment per run, because a stack holds at most one live run), then
+   VACUUM ANALYZE. Shapes: ``all`` — every run matches the polling group;
+   ``adversarial`` — the oldest 99% carry selectors the group lacks (16
+   distinct ones), the newest 1% match.
+2. Claims through ``claim(group=...)`` for ``--seconds`` of timed work with 1
+   and 8 concurrent pollers (threads, one Django connection each, all polling
+   the same group), timing each call with ``time.perf_counter``. Claims consume
+   the matching pool (only 10 runs at 1k adversarial), so the work runs in
+   batches of at most "matching runs left" claims; between batches, outside
+   the timed region, the group's stub runners are deleted and the claimed runs
+   set back to pending (``first_pending_at`` kept). A batch never attempts
+   more claims than there are matching runs, so every ``None`` it gets is an
+   empty answer while work existed; each is confirmed with a count of
+   claimable matching runs after the batch and reported as a false empty.
+3. Measures the floor in the same database: ``UPDATE bench_floor SET n = n + 1
+   WHERE id = k`` in autocommit through the same Django cursor path, 1 thread
+   and 8 threads (8 rows), once per size.
+4. Prints the results table, an EXPLAIN (ANALYZE, BUFFERS) of the claim
+   statement at the largest adversarial backlog (rolled back), and the targets
+   with PASS/FAIL. It is a measurement, not a test: it exits 0 either way.
+
+Rounds start from a vacuumed table (as after an autovacuum pass); dead tuples
+made by the round's own claims stay in for the rest of the round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from gantry.core.models import RunnerGroup
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench"
+
+# The polling group's labels; MATCHING selectors are all contained in them.
+GROUP_LABELS: dict[str, str] = {"os": "linux", "arch": "x64", "pool": "bench"}
+MATCHING: list[dict[str, str]] = [
+    {"os": "linux"},
+    {"arch": "x64"},
+    {"os": "linux", "arch": "x64"},
+    {"os": "linux", "pool": "bench"},
+    {"arch": "x64", "pool": "bench"},
+    {"os": "linux", "arch": "x64", "pool": "bench"},
+]
+# The adversarial backlog's selectors: none is contained in GROUP_LABELS.
+NON_MATCHING: list[dict[str, str]] = [{"os": "mac", "v": f"k{i}"} for i in range(16)]
+SHAPES = ("all", "adversarial")
+# A group that never fills: stub runners pile up (one per claim) during a round.
+HUGE_CAPACITY = 2_000_000_000
+FLOOR_ROWS = 8
+# Claim slices and floor slices alternate, so both see the same background load.
+SLICE = 1.0
+FLOOR_SLICE = 0.5
+
+TARGET_LATENCY_GROWTH = 1.5  # (i) p50 at the largest adversarial backlog ≤ 1.5 times p50 at the smallest
+TARGET_FLOOR_RATIO = 0.30  # (ii) single-poller claims/s ≥ 30% of the bare-UPDATE floor
+# The variant docs/performance.md proposes; its plan is EXPLAINed beside the real one.
+PROPOSAL = "variant: lazy+prepared"
+
+# --------------------------------------------------------------------------- setup
+
+
+def _bootstrap(url: str) -> None:
+    """Point Django at ``url``, create the database if missing, set Django up and migrate."""
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gantry.settings")
+    # Keep settings from starting the embedded servers or writing a key file.
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+    os.environ.setdefault("GANTRY_SECRET_KEY", "bench-" + "x" * 50)
+    _ensure_database(url)
+
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def _ensure_database(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(url)
+    name = unquote(parts.path.lstrip("/"))
+    admin_url = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            print(f"created database {name}")
+
+
+def _execute(query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """Run one statement on the main thread's connection (autocommit unless inside atomic)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def _server_notes() -> list[str]:
+    settings = (
+        "shared_buffers",
+        "effective_cache_size",
+        "work_mem",
+        "random_page_cost",
+        "synchronous_commit",
+        "fsync",
+        "jit",
+        "plan_cache_mode",
+        "max_connections",
+    )
+    version = _execute("SHOW server_version")[0][0]
+    values = ", ".join(f"{s}={_execute(f'SHOW {s}')[0][0]}" for s in settings)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [f"PostgreSQL {version}; {values}", f"cpus={os.cpu_count()}, load average now {load}"]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Case:
+    size: int
+    shape: str
+    group: RunnerGroup
+    matching_ids: list[int]
+    pool: int  # pending runs the group can take
+
+
+_LOAD_SQL = """
+WITH s AS (
+    INSERT INTO stack (organization_id, name, labels, spec, secrets, created_at)
+    SELECT %(org)s, 'b-' || g, '{}'::jsonb, NULL, '{}'::jsonb, %(base)s
+    FROM generate_series(1, %(n)s) g
+    RETURNING id, name
+),
+d AS (
+    INSERT INTO deployment (stack_id, status, created_by_id, spec, created_at, updated_at)
+    SELECT s.id, 'queued', NULL, '{}'::jsonb, %(base)s, %(base)s FROM s
+    RETURNING id, stack_id
+),
+numbered AS (
+    -- g is the run's age rank: 1 is the oldest pending run.
+    SELECT d.id AS deployment_id, d.stack_id, split_part(s.name, '-', 2)::int AS g
+    FROM d JOIN s ON s.id = d.stack_id
+),
+chosen AS (
+    SELECT n.*, CASE
+        WHEN n.g <= %(n_other)s THEN (%(other)s::bigint[])[1 + n.g %% cardinality(%(other)s::bigint[])]
+        ELSE (%(match)s::bigint[])[1 + n.g %% cardinality(%(match)s::bigint[])]
+    END AS selector_id
+    FROM numbered n
+)
+INSERT INTO run (id, organization_id, stack_id, deployment_id, attempt, status, runner_selector, selector_id,
+                 first_pending_at, failure_reason, sealed_chunks, created_at, updated_at)
+SELECT gen_random_uuid(), %(org)s, c.stack_id, c.deployment_id, 1, 'pending', rs.selector, rs.id,
+       %(base)s + c.g * interval '1 millisecond', '', 0,
+       %(base)s + c.g * interval '1 millisecond', %(base)s + c.g * interval '1 millisecond'
+FROM chosen c JOIN run_selector rs ON rs.id = c.selector_id
+ORDER BY c.g  -- heap order follows age, as a real queue's would
+"""
+
+
+def _truncate() -> None:
+    _execute(
+        "TRUNCATE run_event, run_token, run, runner, deployment, stack, run_selector, runner_group, organization "
+        "CASCADE"
+    )
+
+
+def _vacuum(*tables: str) -> float:
+    t0 = time.perf_counter()
+    _execute(f"VACUUM (ANALYZE) {', '.join(tables)}")
+    return time.perf_counter() - t0
+
+
+def load_case(size: int, shape: str, matching_selectors: int) -> Case:
+    """Load ``size`` pending runs of ``shape`` for a fresh org with one polling group."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from gantry.core.models import Organization, RunnerGroup, RunSelector
+
+    org = Organization.objects.create(slug=f"bench-{size}-{shape}", name=f"bench {size} {shape}")
+    group = RunnerGroup.objects.create(
+        organization=org, name="bench", labels=GROUP_LABELS, max_concurrent_runs=HUGE_CAPACITY
+    )
+    match = [RunSelector.objects.create(organization=org, selector=s).id for s in MATCHING[:matching_selectors]]
+    other = [RunSelector.objects.create(organization=org, selector=s).id for s in NON_MATCHING]
+    pool = size if shape == "all" else max(1, size // 100)
+    params = {
+        "org": org.id,
+        "n": size,
+        "n_other": size - pool,
+        "other": other,
+        "match": match,
+        "base": timezone.now() - timedelta(days=1),
+    }
+    t0 = time.perf_counter()
+    with transaction.atomic():
+        # Bulk-load mode for this transaction only: no per-row FK checks or
+        # NOTIFY triggers (rows are consistent by construction), a sort that
+        # fits in memory.
+        _execute("SET LOCAL session_replication_role = replica")
+        _execute("SET LOCAL work_mem = '256MB'")
+        _execute(_LOAD_SQL, params)
+    print(f"  loaded {size:>9,} runs ({shape}, {pool:,} matching) in {time.perf_counter() - t0:6.1f} s", flush=True)
+    return Case(size=size, shape=shape, group=group, matching_ids=match, pool=pool)
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def _backend_cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a local PostgreSQL backend (nan when the server is not on this host)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Batch:
+    wall: float  # seconds from release to the last thread finishing
+    calls: list[tuple[float, object]]  # (seconds, result) of every call
+    client_cpu: float  # CPU seconds of the calling threads (Python, psycopg, Django)
+    server_cpu: float  # CPU seconds of their PostgreSQL backends
+
+
+class Crew:
+    """``n`` threads, each with its own Django connection, calling ``step(i)`` in timed batches.
+
+    A batch lets the threads make at most ``budget`` calls in total and stops
+    them at its deadline. Besides wall time and per-call latency it records CPU
+    time on both sides of the connection, which stays meaningful on a machine
+    shared with other work (wall time there includes waiting for a core).
+    """
+
+    def __init__(self, n: int, step: Callable[[int], object]) -> None:
+        self._step = step
+        self._start = threading.Barrier(n + 1)
+        self._done = threading.Barrier(n + 1)
+        self._lock = threading.Lock()
+        self._budget = 0
+        self._deadline = 0.0
+        self._stop = False
+        self._out: list[list[tuple[float, object]]] = [[] for _ in range(n)]
+        self._cpu: list[tuple[float, float]] = [(0.0, 0.0)] * n
+        self._errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _take(self) -> bool:
+        with self._lock:
+            if self._budget <= 0 or time.perf_counter() >= self._deadline:
+                return False
+            self._budget -= 1
+            return True
+
+    def _work(self, i: int) -> None:
+        from django.db import connection
+
+        try:
+            while True:
+                self._start.wait()
+                if self._stop:
+                    return
+                try:
+                    connection.ensure_connection()
+                    pid = connection.connection.info.backend_pid
+                    client0, server0 = time.thread_time(), _backend_cpu_seconds(pid)
+                    while self._take():
+                        t0 = time.perf_counter()
+                        result = self._step(i)
+                        self._out[i].append((time.perf_counter() - t0, result))
+                    self._cpu[i] = (time.thread_time() - client0, _backend_cpu_seconds(pid) - server0)
+                except BaseException as exc:  # surfaced by batch(); the barrier must still be reached
+                    self._errors.append(exc)
+                self._done.wait()
+        finally:
+            connection.close()  # back to the pool: one connection per thread, for the thread's life
+
+    def batch(self, *, budget: int, seconds: float) -> Batch:
+        self._budget = budget
+        self._deadline = time.perf_counter() + seconds
+        t0 = time.perf_counter()
+        self._start.wait()
+        self._done.wait()
+        wall = time.perf_counter() - t0
+        if self._errors:
+            raise RuntimeError("a bench thread failed") from self._errors[0]
+        calls = [c for out in self._out for c in out]
+        for out in self._out:
+            out.clear()
+        return Batch(wall, calls, sum(c for c, _ in self._cpu), sum(s for _, s in self._cpu))
+
+    def close(self) -> None:
+        self._stop = True
+        self._start.wait()
+        for t in self._threads:
+            t.join()
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Round:
+    what: str  # "claim", "floor", or "variant: ..."
+    size: int
+    shape: str
+    pollers: int
+    calls: int = 0  # successful calls (claims that won a run; floor updates)
+    attempts: int = 0  # every call, empty answers included
+    elapsed: float = 0.0  # timed wall seconds (sum of batches)
+    latencies: list[float] = field(default_factory=list)
+    client_cpu: float = 0.0
+    server_cpu: float = 0.0
+    empties: int = 0
+    false_empties: int = 0
+    refills: int = 0  # times the claimed runs were set back to pending
+    floor: Round | None = None  # the floor measured in slices alternating with this round
+
+    def add(self, batch: Batch, won: int) -> None:
+        self.elapsed += batch.wall
+        self.calls += won
+        self.attempts += len(batch.calls)
+        self.latencies.extend(dt for dt, _ in batch.calls)
+        self.client_cpu += batch.client_cpu
+        self.server_cpu += batch.server_cpu
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.elapsed if self.elapsed else 0.0
+
+    def pct_ms(self, q: float) -> float:
+        """Nearest-rank percentile of the latencies, in milliseconds."""
+        if not self.latencies:
+            return math.nan
+        ordered = sorted(self.latencies)
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1000
+
+    def cpu_ms(self, side: str) -> float:
+        """CPU milliseconds per call on the "client" or "server" side."""
+        total = self.client_cpu if side == "client" else self.server_cpu
+        return total / self.attempts * 1000 if self.attempts else math.nan
+
+
+ClaimFn = Callable[["RunnerGroup"], "uuid.UUID | None"]
+
+
+def real_claim(group: RunnerGroup) -> uuid.UUID | None:
+    """The code path under test: ``gantry.dispatch.claim.claim``."""
+    from gantry.dispatch.claim import claim
+
+    result = claim(group=group)
+    return result.run_id if result is not None else None
+
+
+def _refill(case: Case, run_ids: list[uuid.UUID]) -> None:
+    """Outside the timed region: drop the group's stub runners, put claimed runs back to pending."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        # The FK is ON DELETE SET NULL: this also clears run.assigned_runner_id.
+        _execute("DELETE FROM runner WHERE runner_group_id = %s", [case.group.id])
+        if run_ids:
+            _execute(
+                "UPDATE run SET status = 'pending', assigned_runner_id = NULL, assigned_at = NULL, "
+                "assigned_expires_at = NULL WHERE id = ANY(%s::uuid[])",
+                [run_ids],
+            )
+
+
+def _claimable_matching(case: Case) -> int:
+    return int(
+        _execute(
+            "SELECT count(*) FROM run WHERE organization_id = %s AND selector_id = ANY(%s::bigint[]) "
+            "AND status = 'pending' AND assigned_runner_id IS NULL",
+            [case.group.organization_id, case.matching_ids],
+        )[0][0]
+    )
+
+
+def _ensure_floor_table() -> None:
+    _execute("CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+    _execute("INSERT INTO bench_floor (id) SELECT g FROM generate_series(1, %s) g ON CONFLICT DO NOTHING", [FLOOR_ROWS])
+
+
+def _floor_step(i: int) -> None:
+    """The floor: a bare single-row UPDATE, autocommit (one statement, one commit), thread i on row i + 1."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("UPDATE bench_floor SET n = n + 1 WHERE id = %s", [(i % FLOOR_ROWS) + 1])
+
+
+@dataclass
+class _Progress:
+    """One case's share of a measurement: its round and its matching pool."""
+
+    case: Case
+    round: Round
+    left: int  # matching runs still pending (claims allowed before the next refill)
+    claimed: list[uuid.UUID] = field(default_factory=list)
+
+
+def measure(cases: list[Case], pollers: int, seconds: float, *, what: str, fn: ClaimFn) -> list[Round]:
+    """``seconds`` of timed claims per case by ``pollers`` threads polling the case's group.
+
+    Time is cut into slices that rotate over the cases, each claim slice
+    (``SLICE`` s) preceded by a floor slice (``FLOOR_SLICE`` s, same number of
+    threads): every case and its floor see the same mix of background load,
+    so sizes compare with each other and claims with the floor even on a
+    machine that is busy with other work.
+    """
+    _vacuum("run", "runner", "runner_group", "run_event", "bench_floor")
+    current = [cases[0]]  # the case the claim crew works on in this slice
+    crew = Crew(pollers, lambda _i: fn(current[0].group))
+    floor_crew = Crew(pollers, _floor_step)
+    progress = [_Progress(c, Round(what, c.size, c.shape, pollers), left=c.pool) for c in cases]
+    try:
+        # Warm-up (connections, caches, prepared plans), not counted.
+        floor_crew.batch(budget=100 * pollers, seconds=1.0)
+        for p in progress:
+            current[0] = p.case
+            warm = crew.batch(budget=min(p.case.pool, 20 * pollers), seconds=2.0)
+            _refill(p.case, [r for _, r in warm.calls if isinstance(r, uuid.UUID)])
+        while any(p.round.elapsed < seconds for p in progress):
+            for p in progress:
+                if p.round.elapsed >= seconds:
+                    continue
+                current[0] = p.case
+                _claim_slice(p, crew, floor_crew, seconds)
+    finally:
+        crew.close()
+        floor_crew.close()
+        for p in progress:
+            _refill(p.case, p.claimed)
+    return [p.round for p in progress]
+
+
+def _claim_slice(p: _Progress, crew: Crew, floor_crew: Crew, seconds: float) -> None:
+    r = p.round
+    if r.floor is None:
+        r.floor = Round("floor", r.size, r.shape, r.pollers)
+    batch = floor_crew.batch(budget=sys.maxsize, seconds=FLOOR_SLICE)
+    r.floor.add(batch, won=len(batch.calls))
+    slice_end = min(seconds, r.elapsed + SLICE)
+    while r.elapsed < slice_end:
+        if p.left == 0:
+            _refill(p.case, p.claimed)
+            p.claimed.clear()
+            p.left = p.case.pool
+            r.refills += 1
+        # Never more attempts than matching runs: every None is an empty answer while work existed.
+        batch = crew.batch(budget=p.left, seconds=slice_end - r.elapsed)
+        won = [x for _, x in batch.calls if isinstance(x, uuid.UUID)]
+        r.add(batch, won=len(won))
+        p.claimed.extend(won)
+        p.left -= len(won)
+        empty = len(batch.calls) - len(won)
+        if empty:
+            r.empties += empty
+            if _claimable_matching(p.case) > 0:  # confirmed: matching work is still pending
+                r.false_empties += empty
+
+
+# --------------------------------------------------------------------------- variants
+#
+# Not the code under test: copies of the claim statement changed in one respect
+# each, run through a copy of claim()'s transaction, so their rows compare with
+# the real one. They measure proposed changes to claim.py (docs/performance.md).
+
+_PARAM_ORDER = ("now", "group_id", "org_id", "runner_id", "expires")
+_PARAM_TYPES = ("timestamptz", "bigint", "bigint", "uuid", "timestamptz")
+
+# "lazy pick": each candidate carries first_pending_at out of the index, and
+# the candidates are sorted before they are joined to run, so the join (one
+# pkey probe per candidate) stops at the first row that locks, instead of
+# probing every candidate, de-duplicating them and sorting the joined rows.
+_LAZY_CANDIDATE_AND_PICKED = """candidate AS (
+    SELECT c.id, c.first_pending_at FROM sel CROSS JOIN LATERAL (
+        SELECT r.id, r.first_pending_at FROM run r
+        WHERE r.organization_id = %(org_id)s AND r.selector_id = sel.id
+          AND r.status = 'pending' AND r.assigned_runner_id IS NULL
+        ORDER BY r.first_pending_at, r.id
+        LIMIT {k}
+    ) c
+),
+picked AS (
+    -- Re-checked on the locked row version: a run claimed meanwhile drops out.
+    SELECT r.id FROM (SELECT id, first_pending_at FROM candidate ORDER BY first_pending_at, id) c
+    JOIN run r ON r.id = c.id
+    WHERE r.status = 'pending' AND r.assigned_runner_id IS NULL
+    ORDER BY c.first_pending_at, c.id
+    LIMIT 1
+    FOR UPDATE OF r SKIP LOCKED
+),
+"""
+
+
+def lazy_pick_sql() -> str | None:
+    """claim.py's statement with its candidate/picked CTEs swapped for the lazy pick (None if it changed shape)."""
+    from gantry.dispatch.claim import _CLAIM_SQL, CANDIDATES_PER_SELECTOR
+
+    try:
+        start, end = _CLAIM_SQL.index("candidate AS ("), _CLAIM_SQL.index("stub AS (")
+    except ValueError:
+        return None
+    return _CLAIM_SQL[:start] + _LAZY_CANDIDATE_AND_PICKED.format(k=CANDIDATES_PER_SELECTOR) + _CLAIM_SQL[end:]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A claim statement as a server-side prepared statement: planned per connection, then from the plan cache."""
+
+    name: str
+    sql: str
+
+    @property
+    def prepare(self) -> str:
+        body = self.sql
+        for i, p in enumerate(_PARAM_ORDER, 1):
+            body = body.replace(f"%({p})s", f"${i}")
+        return f"PREPARE {self.name}({', '.join(_PARAM_TYPES)}) AS {body}"
+
+    @property
+    def execute(self) -> str:
+        return f"EXECUTE {self.name}(" + ", ".join(f"%({p})s" for p in _PARAM_ORDER) + ")"
+
+
+_prepared_on: set[tuple[int, str]] = set()  # (backend pid, statement name)
+_prepared_lock = threading.Lock()
+
+
+def _ensure_prepared(stmt: Prepared) -> None:
+    """PREPARE ``stmt`` once on this thread's connection (prepared statements live as long as the session)."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    key = (connection.connection.info.backend_pid, stmt.name)
+    if key in _prepared_on:
+        return
+    if not _execute("SELECT 1 FROM pg_prepared_statements WHERE name = %s", [stmt.name]):
+        _execute(stmt.prepare)
+    with _prepared_lock:
+        _prepared_on.add(key)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    sql: str | Prepared
+    # True: run the statement on its own in autocommit (1 round trip instead of
+    # BEGIN, statement, COMMIT) — only possible if the throttle token is taken
+    # outside the claim's transaction (see docs/performance.md).
+    autocommit: bool = False
+
+    def claim(self) -> ClaimFn:
+        """A copy of claim(): same parameters, transaction, throttle seam and runner token; another statement."""
+        from django.db import connection, transaction
+        from django.utils import timezone
+
+        from gantry import conf
+        from gantry.core import tokens
+        from gantry.dispatch.claim import _consume_dispatch_token
+
+        sql = self.sql
+        text = sql.execute if isinstance(sql, Prepared) else sql
+
+        def execute(params: dict[str, Any]) -> tuple[Any, ...] | None:
+            with connection.cursor() as cur:
+                cur.execute(text, params)
+                return cur.fetchone()
+
+        def run(group: RunnerGroup) -> uuid.UUID | None:
+            now = timezone.now()
+            runner_id = uuid.uuid4()
+            params = {
+                "now": now,
+                "group_id": group.id,
+                "org_id": group.organization_id,
+                "runner_id": runner_id,
+                "expires": now + timedelta(seconds=conf.get().assignment_ttl),
+            }
+            if isinstance(sql, Prepared):
+                _ensure_prepared(sql)
+            if self.autocommit:
+                row = execute(params)
+                if row is None:
+                    return None
+            else:
+                with transaction.atomic():
+                    row = execute(params)
+                    if row is None:
+                        return None
+                    _consume_dispatch_token(organization_id=group.organization_id, now=now)
+            tokens.mint_runner_token(runner_id=runner_id, run_id=row[0], group_id=group.id)
+            return uuid.UUID(str(row[0]))
+
+        return run
+
+
+def variants() -> list[Variant]:
+    from gantry.dispatch.claim import _CLAIM_SQL
+
+    out = [Variant("variant: prepared", Prepared("bench_claim", _CLAIM_SQL))]
+    lazy = lazy_pick_sql()
+    if lazy is None:
+        print("  (claim.py changed shape: lazy-pick variants skipped)")
+        return out
+    lazy_prepared = Prepared("bench_claim_lazy", lazy)
+    return [
+        *out,
+        Variant("variant: lazy pick", lazy),
+        Variant("variant: lazy+prepared", lazy_prepared),
+        Variant("variant: lazy+prep, autocommit", lazy_prepared, autocommit=True),
+    ]
+
+
+# --------------------------------------------------------------------------- EXPLAIN
+
+
+def _claim_params(case: Case) -> dict[str, Any]:
+    from django.utils import timezone
+
+    now = timezone.now()
+    return {
+        "now": now,
+        "group_id": case.group.id,
+        "org_id": case.group.organization_id,
+        "runner_id": uuid.uuid4(),
+        "expires": now + timedelta(minutes=5),
+    }
+
+
+def explain_claim(case: Case, sql: str | Prepared) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS) of one claim, in a transaction that is rolled back.
+
+    A plain statement is explained as claim() sends it (literal values, planned
+    on every call). A prepared one is executed six times before the one shown,
+    as on a warm pooled connection, so the plan shown is the one the plan cache
+    settled on (generic when its cost is no worse than the custom plans').
+    """
+    from django.db import transaction
+
+    lines: list[str] = []
+    warmups = 7 if isinstance(sql, Prepared) else 2
+    if isinstance(sql, Prepared):
+        _ensure_prepared(sql)
+    text = sql.execute if isinstance(sql, Prepared) else sql
+    for _ in range(warmups):  # the last one is shown
+        with transaction.atomic():
+            lines = [row[0] for row in _execute("EXPLAIN (ANALYZE, BUFFERS) " + text, _claim_params(case))]
+            transaction.set_rollback(True)
+    return lines
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _print_table(rounds: list[Round]) -> None:
+    head = (
+        f"{'size':>9} {'shape':<11} {'poll':>4}  {'what':<30} {'claims/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'false∅':>6} {'refill':>6} {'cpu cli':>7} {'cpu srv':>7} {'floor/s':>8} {'fl p50':>6} "
+        f"{'fl cpu':>6} {'÷floor':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rounds:
+        f = r.floor
+        floor_cols = (
+            f"{f.rate:>8,.0f} {f.pct_ms(0.5):>6.3f} {f.cpu_ms('client') + f.cpu_ms('server'):>6.3f} "
+            f"{r.rate / f.rate:>6.2f}"
+            if f and f.rate
+            else ""
+        )
+        print(
+            f"{r.size:>9,} {r.shape:<11} {r.pollers:>4}  {r.what[:30]:<30} {r.rate:>8,.0f} {r.pct_ms(0.5):>7.3f} "
+            f"{r.pct_ms(0.99):>7.3f} {r.false_empties:>6} {r.refills:>6} {r.cpu_ms('client'):>7.3f} "
+            f"{r.cpu_ms('server'):>7.3f} {floor_cols}"
+        )
+    print(
+        "  cpu cli / cpu srv: CPU ms per call in the polling threads / their PostgreSQL backends; fl cpu: both, "
+        "for the floor;\n  ÷floor: claims/s ÷ floor updates/s, measured in alternating slices with the same "
+        "thread count; refill: times the claimed runs were set back to pending"
+    )
+
+
+def _print_targets(rounds: list[Round]) -> None:
+    """The three targets, for the real claim and (labelled "what if") for each variant."""
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
+    for what in dict.fromkeys(r.what for r in rounds):
+        mine = [r for r in rounds if r.what == what]
+        single = [r for r in mine if r.pollers == 1]
+        print(f"\ntargets: {what}" + ("" if what == "claim" else " (what if claim.py did this)"))
+        adv = sorted((r for r in single if r.shape == "adversarial"), key=lambda r: r.size)
+        if len(adv) >= 2:
+            small, big = adv[0], adv[-1]
+            growth = big.pct_ms(0.5) / small.pct_ms(0.5)
+            print(
+                f"  (i)   p50 {big.size:,} adversarial ÷ p50 {small.size:,} adversarial, 1 poller: "
+                f"{big.pct_ms(0.5):.3f} / {small.pct_ms(0.5):.3f} ms = {growth:.2f} (≤ {TARGET_LATENCY_GROWTH}) "
+                f"{verdict(growth <= TARGET_LATENCY_GROWTH)}"
+            )
+        else:
+            print("  (i)   needs the adversarial shape at two sizes or more, 1 poller")
+        ratios = [(r.rate / r.floor.rate, r) for r in single if r.floor and r.floor.rate]
+        if ratios:
+            worst, at = min(ratios, key=lambda x: x[0])
+            listing = ", ".join(f"{r.size:,} {r.shape} {x:.2f}" for x, r in ratios)
+            print(
+                f"  (ii)  1-poller claims/s ÷ floor ≥ {TARGET_FLOOR_RATIO}: worst {worst:.2f} ({at.size:,} {at.shape}) "
+                f"{verdict(worst >= TARGET_FLOOR_RATIO)}\n        [{listing}]"
+            )
+        false_1 = sum(r.false_empties for r in single)
+        many = sorted({r.pollers for r in mine if r.pollers > 1})
+        extra = "".join(f"; at {p} pollers: {sum(r.false_empties for r in mine if r.pollers == p)}" for p in many)
+        print(f"  (iii) false empties at 1 poller while matching work exists: {false_1}{extra} {verdict(false_1 == 0)}")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.poll_claim", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=_ints, default=[1_000, 100_000, 1_000_000], help="backlog sizes")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed claim seconds per round")
+    parser.add_argument("--pollers", type=_ints, default=[1, 8], help="concurrent pollers per round")
+    parser.add_argument("--shapes", type=lambda s: s.split(","), default=list(SHAPES), help="all,adversarial")
+    parser.add_argument("--matching-selectors", type=int, default=4, choices=range(1, len(MATCHING) + 1))
+    parser.add_argument("--no-variants", action="store_true", help="measure only the real claim()")
+    args = parser.parse_args(argv)
+    unknown = set(args.shapes) - set(SHAPES)
+    if unknown:
+        parser.error(f"unknown shape(s): {', '.join(sorted(unknown))}")
+
+    url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    # Pollers and floor threads run side by side, each on its own pooled connection.
+    os.environ.setdefault("GANTRY_DB_POOL_MAX", str(max(20, 2 * max(args.pollers) + 4)))
+    _bootstrap(url)
+    _ensure_floor_table()
+    parts = urlsplit(url)
+    print(f"database {parts.hostname}:{parts.port or 5432}/{unquote(parts.path.lstrip('/'))}")
+    for note in _server_notes():
+        print(note)
+    print(
+        f"sizes {args.sizes}, shapes {args.shapes}, pollers {args.pollers}, {args.seconds:g} s per round, "
+        f"{args.matching_selectors} matching selectors\n",
+        flush=True,
+    )
+
+    from gantry.dispatch.claim import _CLAIM_SQL
+
+    measured: list[Variant | None] = [None]  # None: the real claim()
+    measured += [] if args.no_variants else variants()
+    proposal = next((v for v in measured if v and v.name == PROPOSAL), None)
+    rounds: list[Round] = []
+    explains: dict[str, list[str]] = {}
+    print("loading (one org per size and shape)", flush=True)
+    _truncate()
+    cases = [load_case(size, shape, args.matching_selectors) for size in args.sizes for shape in args.shapes]
+    vacuum_s = _vacuum("organization", "runner_group", "run_selector", "stack", "deployment", "run")
+    print(f"  vacuum analyze: {vacuum_s:.1f} s", flush=True)
+    biggest = next((c for c in reversed(cases) if c.shape == "adversarial" and c.size == max(args.sizes)), None)
+    if biggest is not None:
+        explains["claim, as claim.py sends it"] = explain_claim(biggest, _CLAIM_SQL)
+        if proposal is not None:
+            explains[proposal.name] = explain_claim(biggest, proposal.sql)
+    for variant in measured:
+        what, fn = ("claim", real_claim) if variant is None else (variant.name, variant.claim())
+        for pollers in args.pollers:
+            print(f"{what}, {pollers} poller(s)", flush=True)
+            for r in measure(cases, pollers, args.seconds, what=what, fn=fn):
+                rounds.append(r)
+                floor_rate = r.floor.rate if r.floor else math.nan
+                print(
+                    f"  {r.size:>9,} {r.shape:<11} {r.rate:7,.0f}/s p50 {r.pct_ms(0.5):6.3f} ms "
+                    f"p99 {r.pct_ms(0.99):6.3f} ms, false empties {r.false_empties}; "
+                    f"floor {floor_rate:,.0f}/s, ratio {r.rate / floor_rate:.2f}",
+                    flush=True,
+                )
+    order = {w: i for i, w in enumerate(dict.fromkeys(r.what for r in rounds))}
+    rounds.sort(key=lambda r: (r.size, args.shapes.index(r.shape), order[r.what], r.pollers))
+
+    print()
+    _print_table(rounds)
+    _print_targets(rounds)
+    for title, lines in explains.items():
+        print(f"\nEXPLAIN (ANALYZE, BUFFERS) at {max(args.sizes):,} adversarial, {title}, rolled back:")
+        print("\n".join("  " + line for line in lines))
+    print(f"\nload average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""A malformed setting stops the process at start, with a message naming the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Settings fail before anything connects, so these URLs are never dialled; they
+# keep the subprocess off the embedded default (which would boot servers).
+UNUSED_SERVICES = {
+    "DATABASE_URL": "postgres://nobody@127.0.0.1:9/unused",
+    "REDIS_URL": "redis://127.0.0.1:9/0",
+}
+
+
+def _check(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_") and k != "CELERY_BROKER_URL"}
+    env.update(UNUSED_SERVICES)
+    env["GANTRY_DATA_DIR"] = str(tmp_path)
+    env.update(overrides)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_it_starts_with_the_defaults(tmp_path: Path) -> None:
+    # The control for the cases below: only the bad value makes them fail.
+    result = _check(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"GANTRY_ASSIGNMENT_TTL": "abc"}, "GANTRY_ASSIGNMENT_TTL"),
+        ({"GANTRY_ASSIGNMENT_TTL": "600", "GANTRY_STUB_CUTOFF": "600"}, "GANTRY_STUB_CUTOFF"),
+        ({"GANTRY_STUB_CUTOFF": "60"}, "GANTRY_STUB_CUTOFF"),
+        ({"GANTRY_ASSIGNMENT_TTL": "0"}, "GANTRY_ASSIGNMENT_TTL"),
+        ({"GANTRY_POLL_MAX_WAIT": "301"}, "GANTRY_POLL_MAX_WAIT"),
+        ({"GANTRY_RATE_LIMIT_ENABLED": "maybe"}, "GANTRY_RATE_LIMIT_ENABLED"),
+        ({"GANTRY_JWT_KEYS": "k1:too-short"}, "GANTRY_JWT_KEYS"),
+        ({"DATABASE_URL": "mysql://root@127.0.0.1/gantry"}, "DATABASE_URL"),
+    ],
+)
+def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[str, str], named: str) -> None:
+    result = _check(tmp_path, **overrides)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert named in result.stderr
