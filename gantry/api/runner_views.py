@@ -165,9 +165,10 @@ class ReadyView(APIView):
 
 
 class LogsInfoSerializer(serializers.Serializer):
-    chunk_size_bytes = serializers.IntegerField()
-    live_interval_s = serializers.IntegerField()
-    max_bytes = serializers.IntegerField()
+    chunk_size_bytes = serializers.IntegerField(help_text="Seal the active chunk once it holds this many bytes.")
+    seal_interval_s = serializers.IntegerField(help_text="...or once it is this old, whichever comes first.")
+    live_interval_s = serializers.IntegerField(help_text="Push the active chunk to logs/live this often.")
+    max_bytes = serializers.IntegerField(help_text="Stop recording past this many bytes, with a truncation line.")
 
 
 class RunContextSerializer(serializers.Serializer):
@@ -183,6 +184,8 @@ class RunContextSerializer(serializers.Serializer):
 
 
 LOG_CHUNK_SIZE = 1024 * 1024
+# Time bound of a chunk: a slow trickle of output still reaches durable storage.
+LOG_SEAL_INTERVAL = 30
 
 
 class AcceptView(APIView):
@@ -213,6 +216,7 @@ class AcceptView(APIView):
             "scm": None,
             "logs": {
                 "chunk_size_bytes": LOG_CHUNK_SIZE,
+                "seal_interval_s": LOG_SEAL_INTERVAL,
                 "live_interval_s": cfg.live_log_interval,
                 "max_bytes": cfg.log_max_bytes,
             },

@@ -171,7 +171,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_run(self, deployment: Deployment) -> dict[str, Any] | None:
-        run = deployment.runs.order_by("-attempt").first()
+        # The newest attempt; from the prefetch cache when the view prefetched runs.
+        run = max(deployment.runs.all(), key=lambda r: r.attempt, default=None)
         return RunRefSerializer(run).data if run else None
 
 

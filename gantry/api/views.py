@@ -303,7 +303,8 @@ class DeploymentListView(UserView):
     )
     def get(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk)
-        return Response(s.DeploymentSerializer(stack.deployments.all()[:100], many=True).data)
+        deployments = stack.deployments.prefetch_related("runs")[:100]
+        return Response(s.DeploymentSerializer(deployments, many=True).data)
 
     @extend_schema(
         operation_id="deployments_create",
