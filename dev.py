@@ -5,7 +5,10 @@ Standard library only: it is the first thing a new machine runs, before
 anything is installed. It keeps a virtualenv in ``.venv`` in step with
 ``requirements*.txt`` and runs everything through it.
 
-    python3 dev.py run            migrate, admin user, demo data, then serve on 127.0.0.1:8000
+    python3 dev.py run            migrate, admin user, demo data; serve on 127.0.0.1:8000 with a Celery
+                                  worker (reapers) and a coordinator; queue a demo run and follow its log
+    python3 dev.py run --demo-exit    the same, but stop after the demo run (exit 0 iff it succeeded);
+                                  --no-demo skips the demo run
     python3 dev.py test [ARGS]    pytest; ARGS go to pytest (e.g. -k poll, -x, tests/ops)
     python3 dev.py check          ruff check, ruff format --check, mypy, makemigrations --check
     python3 dev.py setup          only create .venv and install requirements-dev.txt
@@ -52,6 +55,10 @@ DEV_REQUIREMENTS = ROOT / "requirements-dev.txt"
 DEFAULT_PORT = 8000
 DEMO_ORG = "demo"
 DEMO_STACK = "hello"
+# In the data folder, mode 0600: the demo group's token, for the coordinator `run` starts.
+DEMO_TOKEN_FILE = "demo-group-token"
+# The demo run prints for a few seconds; a first start also waits for the reapers' and runner's start-up.
+DEMO_TIMEOUT = 300.0
 
 
 def say(message: str) -> None:
@@ -358,35 +365,147 @@ def print_banner(
   Password   {shown_password}
   API        {base_url}/api/v1   (schema: {base_url}/api/v1/schema)
 
+  Running    the web server, a Celery worker with beat (the reapers), and a coordinator
+             for the demo runner group that starts each run as a local process
+             (its state and the runners' own logs: {data_dir() / "coordinator"})
+
   Try:
     curl -H '{auth}' {base_url}/api/v1/orgs/{DEMO_ORG}/stacks
     curl -X POST -H '{auth}' -H 'Content-Type: application/json' -d '{{}}' \\
         {base_url}/api/v1/stacks/{stack}/deployments
+    curl -H '{auth}' '{base_url}/api/v1/runs/<run id>/logs?offset=0'
 
-  Ctrl-C stops the server{stop}.
+  Ctrl-C stops them all; runs in progress finish by themselves{stop}.
 """,
         flush=True,
     )
 
 
 def processes(python: Path, port: int) -> list[tuple[str, list[str]]]:
-    """What `run` keeps running, in start order. Add the Celery worker and the coordinator here."""
-    return [
+    """What `run` keeps running, in start order: the server, Celery (reapers), the demo group's coordinator."""
+    root = data_dir()
+    procs = [
         (
             "web",
             # gthread: one process, many threads, so long polls that park a
             # request do not take a whole worker each (docs/operations.md).
             # No control socket: its default path is shared by every gunicorn
             # of the user, and a second server (a test's) would take it over.
+            # A short graceful timeout: parked long polls (up to 30 s) would
+            # otherwise hold a Ctrl-C; a cut poll is retried by its coordinator.
             [
                 *(str(python), "-m", "gunicorn", "gantry.wsgi", "-b", f"127.0.0.1:{port}"),
-                *("--threads", "8", "--worker-class", "gthread", "--no-control-socket"),
+                *("--threads", "16", "--worker-class", "gthread", "--no-control-socket"),
+                *("--graceful-timeout", "5"),
             ],
         ),
     ]
+    if (ROOT / "gantry" / "celery.py").exists():
+        # One worker with the beat scheduler inside (-B): the reapers run every
+        # GANTRY_REAPER_INTERVAL seconds. One process is plenty on a laptop; the
+        # schedule file lives in the data folder, not in the checkout.
+        procs.append(
+            (
+                "celery",
+                [
+                    *(str(python), "-m", "celery", "-A", "gantry", "worker", "-B", "--concurrency", "1"),
+                    *("--loglevel", "INFO", "--schedule", str(root / "celerybeat-schedule")),
+                ],
+            )
+        )
+    procs.append(
+        (
+            "coordinator",
+            # The demo group's coordinator; its token comes from a 0600 file
+            # (never argv, which `ps` shows). Workers are local processes.
+            [
+                *(str(python), "-m", "runners.coordinator", "--server", f"http://127.0.0.1:{port}"),
+                *("--token-file", str(root / DEMO_TOKEN_FILE), "--launcher", "local"),
+                *("--state-dir", str(root / "coordinator"), "--max-parallel", "4"),
+            ],
+        )
+    )
+    return procs
+
+
+# ---------------------------------------------------------------------------
+# The demo run
+# ---------------------------------------------------------------------------
+
+
+def api_call(base_url: str, token: str, method: str, path: str, body: object = None) -> object:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{base_url}{path}", data=data, method=method)
+    request.add_header("Authorization", f"Token {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def queue_demo_run(base_url: str, token: str, stack_id: int) -> str | None:
+    try:
+        deployment = api_call(base_url, token, "POST", f"/api/v1/stacks/{stack_id}/deployments", {})
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"could not queue the demo deployment: {exc}", file=sys.stderr)
+        return None
+    assert isinstance(deployment, dict)
+    run_id = str(deployment["run"]["id"])
+    say(f"queued a demo deployment of stack {DEMO_STACK!r}: run {run_id}; following its log")
+    return run_id
+
+
+def follow_run(base_url: str, token: str, run_id: str, supervisor: Supervisor, timeout: float) -> str | None:
+    """Print the run's log as it grows until the run ends; answer its final status (None if we stopped first)."""
+    offset = 0
+    pending = ""
+    status = ""
+    logs_available = True
+    deadline = time.monotonic() + timeout
+    while not supervisor.stopping and not supervisor.exited() and time.monotonic() < deadline:
+        try:
+            # The status first, the log second: a run seen terminal has its whole log in storage.
+            run = api_call(base_url, token, "GET", f"/api/v1/runs/{run_id}")
+            assert isinstance(run, dict)
+            complete = False
+            if logs_available:
+                try:
+                    page = api_call(base_url, token, "GET", f"/api/v1/runs/{run_id}/logs?offset={offset}")
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 404:
+                        raise
+                    logs_available = False  # a server without the log API: statuses only
+                else:
+                    assert isinstance(page, dict)
+                    pending += str(page["text"])
+                    offset = int(page["next_offset"])
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        print(f"    | {line}", flush=True)
+                    complete = bool(page["complete"])
+            if run["status"] != status:
+                status = str(run["status"])
+                print(f"    [run {status}]", flush=True)
+            terminal = status in ("succeeded", "failure", "cancelled", "discarded", "startup_timeout")
+            if terminal and (complete or not logs_available):
+                if pending:
+                    print(f"    | {pending}", flush=True)
+                return status
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            print(f"    (following the demo run: {exc})", file=sys.stderr, flush=True)
+        time.sleep(1)
+    if time.monotonic() >= deadline:
+        print(f"    the demo run did not finish within {timeout:.0f}s (status: {status or 'unknown'})", flush=True)
+    return None
 
 
 def cmd_run(args: Sequence[str]) -> int:
+    demo_exit = "--demo-exit" in args or os.environ.get("GANTRY_DEMO_EXIT", "").lower() in ("1", "true", "yes")
+    demo = "--no-demo" not in args
+    unknown = [a for a in args if a not in ("--demo-exit", "--no-demo")]
+    if unknown:
+        sys.exit(f"dev.py run: unknown arguments {' '.join(unknown)} (known: --demo-exit, --no-demo)")
     python = ensure_venv()
     raw_port = os.environ.get("GANTRY_PORT") or str(DEFAULT_PORT)
     if not raw_port.isdigit() or not 0 < int(raw_port) < 65536:
@@ -402,7 +521,8 @@ def cmd_run(args: Sequence[str]) -> int:
     manage(python, "migrate", "--noinput")
     username, password = ensure_superuser(python)
     say("setting up the demo organization")
-    manage(python, "demo_setup", "--admin", username)
+    # The demo group's token goes to a 0600 file the coordinator reads (rotated when stale).
+    manage(python, "demo_setup", "--admin", username, "--token-file", str(data_dir() / DEMO_TOKEN_FILE))
     token = api_token(python, username)
 
     base_url = f"http://127.0.0.1:{port}"
@@ -410,9 +530,20 @@ def cmd_run(args: Sequence[str]) -> int:
     supervisor = Supervisor()
     for name, argv in processes(python, port):
         supervisor.start(name, argv, env)
+    outcome: str | None = None
     if wait_until_serving(base_url, supervisor):
         stack_id = demo_stack_id(base_url, token) if token else None
+        if demo and token and stack_id is not None:
+            run_id = queue_demo_run(base_url, token, stack_id)
+            if run_id:
+                outcome = follow_run(base_url, token, run_id, supervisor, timeout=DEMO_TIMEOUT)
+                if outcome:
+                    say(f"demo run {run_id}: {outcome}")
         print_banner(base_url, username, password, token, stack_id, embedded)
+    if demo_exit:
+        # For CI and tests: the whole path from a fresh clone to a finished run, then stop.
+        supervisor.stop()
+        return 0 if outcome == "succeeded" else 1
     return supervisor.wait()
 
 

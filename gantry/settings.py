@@ -52,6 +52,8 @@ INSTALLED_APPS = [
     "gantry.api",
     "gantry.dispatch",
     "gantry.web",
+    "gantry.logs",
+    "gantry.reapers",
 ]
 
 MIDDLEWARE = [
@@ -120,6 +122,23 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL") or embedded.redis_url()
 
+# Sealed log chunks (docs/logs.md): S3 when a bucket is named, else files
+# under GANTRY_LOG_DIR (empty: <data folder>/logs, created on first use).
+GANTRY_LOG_DIR = envstr("GANTRY_LOG_DIR")
+GANTRY_S3_BUCKET = envstr("GANTRY_S3_BUCKET")
+GANTRY_S3_PREFIX = envstr("GANTRY_S3_PREFIX")
+# boto3 finds credentials itself (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,
+# profiles, instance roles); the endpoint must also be reachable by runners,
+# which PUT to presigned URLs on it.
+GANTRY_S3_ENDPOINT_URL = envstr("GANTRY_S3_ENDPOINT_URL") or envstr("AWS_ENDPOINT_URL_S3") or envstr("AWS_ENDPOINT_URL")
+GANTRY_S3_REGION = envstr("GANTRY_S3_REGION") or envstr("AWS_REGION") or envstr("AWS_DEFAULT_REGION")
+GANTRY_S3_ADDRESSING_STYLE = envstr("GANTRY_S3_ADDRESSING_STYLE", "auto")
+if GANTRY_S3_ADDRESSING_STYLE not in ("auto", "path", "virtual"):
+    raise ImproperlyConfigured("GANTRY_S3_ADDRESSING_STYLE must be auto, path or virtual")
+# A live log push carries up to 2 MiB of gzip as base64 in JSON (~2.8 MB),
+# over Django's default of 2.5 MB; the push validates its own cap.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -182,6 +201,27 @@ else:
 GANTRY = conf.get()
 
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
+# Gantry's queue on the broker; installations sharing one Redis each name their own.
+CELERY_TASK_DEFAULT_QUEUE = envstr("GANTRY_CELERY_QUEUE") or "gantry"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The tasks' answers go to the logs, never to a result backend.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+# One task at a time per worker process: a sweep is seconds long; nothing gains from prefetching.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Keep Gantry's JSON log lines (LOGGING below) in the worker too.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The one schedule (DESIGN §6): each reaper every GANTRY_REAPER_INTERVAL seconds.
+# A tick not started within its period expires: the next one does its work.
+# Exactly one beat may run (`celery -A gantry beat`, or `worker -B` for one worker).
+CELERY_BEAT_SCHEDULE = {
+    f"reap-{name.replace('_', '-')}": {
+        "task": f"gantry.reapers.{name}",
+        "schedule": float(GANTRY.reaper_interval),
+        "options": {"expires": float(GANTRY.reaper_interval)},
+    }
+    for name in ("expired_assignments", "inactive_runners", "startup_deadline", "cancellation_backstop")
+}
 
 LOGGING = {
     "version": 1,

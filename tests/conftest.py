@@ -9,6 +9,7 @@ Every test runs against real PostgreSQL and Redis (the machine's when
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from rest_framework.test import APIClient
 
 from gantry.core import services
 from gantry.core.models import Membership, Organization, Role, RunnerGroup, Stack
+from gantry.dispatch import longpoll
 
 SPEC: dict[str, Any] = {"steps": [{"name": "hello", "run": "echo hello"}], "env": {}, "timeout_seconds": 60}
 
@@ -105,3 +107,30 @@ def group(acme: Organization) -> RunnerGroup:
 @pytest.fixture
 def globex_stack(globex: Organization) -> Stack:
     return services.stack_create(org=globex, name="api", spec=SPEC)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stale_throttle_buckets() -> None:
+    """Org ids restart with every test database, so a bucket an earlier session left in Redis
+    would be charged to this session's org of the same id: start each session with none.
+    Within a session ids never repeat, so once is enough."""
+    import contextlib
+
+    import redis
+
+    from tests.throttle.helpers import clear_buckets
+
+    # No Redis: the tests that need it say so themselves.
+    with contextlib.suppress(redis.RedisError):
+        clear_buckets()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_longpoll_listener(django_db_setup: None) -> Iterator[None]:
+    """A long poll starts a listener holding a connection to the test database.
+
+    Depends on django_db_setup, so it is torn down first: DROP DATABASE refuses
+    while the listener is still connected.
+    """
+    yield
+    longpoll.stop_listener()

@@ -25,6 +25,7 @@ from gantry.core.errors import Forbidden, InvalidRequest
 from gantry.core.models import RunStatus
 from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
+from gantry.logs import live as live_logs
 
 
 def _errors(*codes: int) -> dict[int, Any]:
@@ -95,7 +96,16 @@ class PollView(APIView):
             raise InvalidRequest("wait must be a number of seconds from 0 to 30") from None
         if not 0 <= wait <= min(30, conf.get().poll_max_wait):
             raise InvalidRequest(f"wait must be from 0 to {min(30, conf.get().poll_max_wait)} seconds")
-        result = wait_for_claim(org_id=group.organization_id, wait=wait, attempt=lambda: dispatch.claim(group=group))
+        try:
+            result = wait_for_claim(
+                org_id=group.organization_id,
+                wait=wait,
+                attempt=lambda: dispatch.claim(group=group, raise_throttled=True),
+            )
+        except dispatch.Throttled:
+            # The org's budget is spent: answer now rather than re-trying a
+            # claim that would roll back again until the long poll's deadline.
+            result = None
         if result is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(
@@ -287,7 +297,9 @@ class DoneView(APIView):
         request=DoneSerializer,
         responses={204: None, **_errors(400, 401, 403, 404, 409)},
         description="The run ends: succeeded, failure (with exit code) or cancelled (only after a cancellation "
-        "request). The stack's next queued run is promoted and the run's API token revoked.",
+        "request). The stack's next queued run is promoted and the run's API token revoked. `manifest` lists the "
+        "sealed log chunks (count and sha256 of each); it must agree with `sealed_chunks` (400 otherwise). The "
+        "run's live log record is deleted.",
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = _runner(request, run_id=run_id)
@@ -301,7 +313,11 @@ class DoneView(APIView):
             exit_code=data.get("exit_code"),
             error=data.get("error", ""),
             sealed_chunks=data.get("sealed_chunks"),
+            manifest=data.get("manifest"),
         )
+        # After the run is settled: storage is now the whole log (the final
+        # chunk was sealed before /done), and the reader uses the manifest.
+        live_logs.delete(run_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

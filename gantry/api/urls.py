@@ -1,8 +1,11 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
+from gantry.api import budget_views as bv
+from gantry.api import runner_admin_views as rav
 from gantry.api import runner_views as rv
 from gantry.api import views as v
+from gantry.logs import views as lv
 
 urlpatterns = [
     path("schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
@@ -12,6 +15,7 @@ urlpatterns = [
     path("orgs/<slug:org>/runner-groups", v.RunnerGroupListView.as_view()),
     path("orgs/<slug:org>/stacks", v.StackListView.as_view()),
     path("orgs/<slug:org>/runs-per-hour-limit", v.RunsPerHourLimitView.as_view()),
+    path("orgs/<slug:org>/dispatch-budget", bv.DispatchBudgetView.as_view()),
     # The two-phase protocol: runner-group and runner calls.
     path("runner-groups/poll", rv.PollView.as_view()),
     path("runner-groups/dispatch-failed", rv.DispatchFailedView.as_view()),
@@ -21,11 +25,17 @@ urlpatterns = [
     path("runs/<uuid:run_id>/status", rv.StatusView.as_view()),
     path("runs/<uuid:run_id>/acknowledging-cancel", rv.AcknowledgeCancelView.as_view()),
     path("runs/<uuid:run_id>/done", rv.DoneView.as_view()),
+    # Logs: the runner's live push and chunk handout, and Gantry's own upload URL (no S3).
+    path("runs/<uuid:run_id>/logs/live", lv.LiveLogView.as_view()),
+    path("runs/<uuid:run_id>/logs/chunks/<int:n>", lv.ChunkUploadUrlView.as_view()),
+    path("log-uploads/<str:token>", lv.LogUploadView.as_view(), name="log_upload"),
     # User and admin calls.
     path("runner-groups/<int:pk>", v.RunnerGroupDetailView.as_view()),
     path("runner-groups/<int:pk>/rotate-token", v.RunnerGroupRotateTokenView.as_view()),
     path("runner-groups/<int:pk>/drain", v.RunnerGroupDrainView.as_view(), name="runner_groups_drain"),
     path("runner-groups/<int:pk>/undrain", v.RunnerGroupUndrainView.as_view(), name="runner_groups_undrain"),
+    path("runner-groups/<int:pk>/runners", rav.RunnerGroupRunnersView.as_view()),
+    path("runners/<uuid:runner_id>/force-delete", rav.RunnerForceDeleteView.as_view()),
     path("stacks/<int:pk>", v.StackDetailView.as_view()),
     path("stacks/<int:pk>/deployments", v.DeploymentListView.as_view()),
     path("deployments/<int:pk>", v.DeploymentDetailView.as_view()),
@@ -33,4 +43,5 @@ urlpatterns = [
     path("deployments/<int:pk>/retry", v.DeploymentRetryView.as_view()),
     path("runs/<uuid:pk>", v.RunDetailView.as_view()),
     path("runs/<uuid:pk>/cancel", v.RunCancelView.as_view()),
+    path("runs/<uuid:pk>/logs", lv.RunLogView.as_view()),
 ]

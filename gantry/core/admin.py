@@ -17,8 +17,9 @@ Writes go through ``gantry.core.services`` (CONVENTIONS 1): the admin never
 sets a run's or deployment's status; runs, deployments and runners are
 read-only here, and their actions call the same service functions as the API.
 Nothing is deletable except memberships: there is no service for deleting an
-org, group, stack or runner, and the ORM cascade would pull live runs out from
-under their runners.
+org, group or stack, and the ORM cascade would pull live runs out from under
+their runners. A runner goes only through its force-delete action (the
+service fails the run it was executing first).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from gantry.core import services, specs
 from gantry.core.errors import GantryError, InvalidRequest
@@ -487,6 +489,24 @@ class RunnerAdmin(ReadOnlyScopedAdmin):
     list_select_related = ["runner_group"]
     search_fields = ["=id", "hostname", "runner_group__name", "runner_group__organization__slug"]
     ordering = ["-created_at"]
+    actions = ["force_delete"]
+
+    @admin.action(
+        description="Force-delete selected runners (offline past the force gate; fails the run each was executing)",
+        permissions=["operate"],
+    )
+    def force_delete(self, request: HttpRequest, queryset: QuerySet[Runner]) -> None:
+        # Imported here: the reapers app depends on core, not the other way round.
+        from gantry.reapers.reapers import force_delete_runner
+
+        by = _acting_user(request)
+        self._apply(
+            request,
+            queryset,
+            lambda r: force_delete_runner(runner_id=r.id, by=by, now=timezone.now()),
+            "Force-deleted {count} runner(s).",
+            label=lambda r: f"Runner {r.id}",
+        )
 
 
 # --------------------------------------------------------------------------

@@ -289,6 +289,11 @@ class Run(models.Model):
     failure_reason = models.TextField(blank=True, default="")
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     sealed_chunks = models.PositiveIntegerField(default=0)
+    # The sealed log chunks as /done reported them, {"count": n, "sha256": [hex, ...]}
+    # (or as the reaper's flush recorded them, with null for hashes it cannot
+    # know). Null until then. The log reader trusts it for which chunks exist
+    # and what they hash to (docs/logs.md).
+    log_manifest = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
@@ -52,6 +52,7 @@ from gantry.core.models import (
     RunToken,
     Stack,
 )
+from gantry.logs.manifest import normalize_manifest
 
 NOTIFY_CHANNEL = "gantry_claimable"
 
@@ -418,9 +419,14 @@ def run_finish(
     exit_code: int | None = None,
     error: str = "",
     sealed_chunks: int | None = None,
+    manifest: Mapping[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Run:
-    """The runner's /done: an executing run ends as succeeded, failure or cancelled."""
+    """The runner's /done: an executing run ends as succeeded, failure or cancelled.
+
+    ``manifest`` (``{count, sha256}``) lists the run's sealed log chunks and is
+    kept on the run for the log reader; it must agree with ``sealed_chunks``.
+    """
     now = _now(now)
     expected: frozenset[str]
     if outcome in (RunStatus.SUCCEEDED, RunStatus.FAILURE):
@@ -433,6 +439,10 @@ def run_finish(
     fields: dict[str, Any] = {"exit_code": exit_code, "failure_reason": error}
     if sealed_chunks is not None:
         fields["sealed_chunks"] = sealed_chunks
+    if manifest is not None:
+        # Checked before the transition: a refused /done changes nothing.
+        fields["log_manifest"] = normalize_manifest(manifest, sealed_chunks=sealed_chunks)
+        fields["sealed_chunks"] = fields["log_manifest"]["count"]
     bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
     try:
         return _terminate(
@@ -478,8 +488,25 @@ def run_fail(
     )
 
 
+def _lease_lapsed(run_id: uuid.UUID, now: datetime) -> dict[str, Any]:
+    """The guard "no runner can still accept this run", as filter arguments for a guarded UPDATE.
+
+    A lease has lapsed when there is none (pending runs never carry one) or it is
+    past expiry. Filter arguments cannot say OR, so the run's current lease picks
+    the form; if the lease changes between this read and the UPDATE (the run was
+    claimed meanwhile), the UPDATE matches nothing and the transition is refused.
+    """
+    expires = Run.objects.filter(id=run_id).values_list("assigned_expires_at", flat=True).first()
+    return {"assigned_expires_at__isnull": True} if expires is None else {"assigned_expires_at__lt": now}
+
+
 def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
-    """A run that no runner ever started within the startup deadline."""
+    """A run that no runner ever started within the startup deadline.
+
+    An assigned run qualifies only once its lease has lapsed: until then its
+    runner may be about to accept, and timing the run out under it would race
+    that accept. The caller (the startup-deadline reaper) judges the deadline.
+    """
     now = _now(now)
     return _terminate(
         run_id,
@@ -487,8 +514,8 @@ def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Ru
         target=RunStatus.STARTUP_TIMEOUT,
         now=now,
         event="startup_timeout",
-        extra_filter={"started_at__isnull": True},
-        guard="a run that never started",
+        extra_filter={"started_at__isnull": True, **_lease_lapsed(run_id, now)},
+        guard="a never-started run whose assignment lease has lapsed",
         failure_reason="no runner started the run before the startup deadline",
     )
 
@@ -690,6 +717,220 @@ def dispatch_failed(
         Runner.objects.filter(id=runner_id).delete()
         RunnerGroup.objects.filter(id=group.id).update(last_dispatch_error=error[:4000], last_dispatch_error_at=now)
     return run
+
+
+# --------------------------------------------------------------------------
+# Reaping and force-delete
+# --------------------------------------------------------------------------
+#
+# The failure-window reapers (gantry/reapers) select due rows and call these;
+# each is guarded, so a second sweep racing the first (or a request racing a
+# sweep) changes nothing and is refused instead.
+
+# The stub reaper's statement, one batch at a time. A stub (never accepted)
+# past the cutoff can no longer accept: its claim's lease started when the
+# stub was created, and GANTRY_STUB_CUTOFF is longer than the lease
+# (conf.check). The NOT EXISTS is deregister's "still holds a run" test, so a
+# stub is kept whatever the settings while it could still accept, or while a
+# never-started run stuck in requested_cancellation points at it (the
+# cancellation backstop frees that run first). The ON DELETE SET NULL foreign
+# key releases each deleted stub's run for dispatch, and the runner trigger
+# NOTIFYs its org (migration 0004).
+#
+# The candidates are taken first, oldest first, straight off
+# runner_stub_created_idx, and only then tested: written as one filtered
+# SELECT … LIMIT, the planner reads every due stub (or every runner) to sort
+# them before the LIMIT, so a sweep would cost its due stubs squared. The
+# answer lists every candidate, deleted or kept, so the caller pages on by
+# (created_at, id) past kept ones.
+_DELETE_STUBS_SQL = """
+WITH candidate AS MATERIALIZED (
+    SELECT id, created_at FROM runner
+    WHERE status IN ('not_ready', 'ready') AND accepted_at IS NULL AND created_at < %(created_before)s
+      AND (created_at, id) > (%(after_key)s, %(after_id)s)
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+    -- A stub some request is changing right now (ready, deregister) is left
+    -- for the next sweep rather than waited on.
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM runner r USING candidate c
+    WHERE r.id = c.id AND NOT EXISTS (
+        SELECT 1 FROM run
+        WHERE run.assigned_runner_id = r.id
+          AND run.status IN ('assigned', 'cancelling', 'requested_cancellation', 'running')
+          AND (run.status <> 'assigned' OR run.assigned_expires_at > %(now)s)
+    )
+    RETURNING r.id
+)
+SELECT c.created_at, c.id, d.id IS NOT NULL FROM candidate c LEFT JOIN deleted d ON d.id = c.id
+ORDER BY c.created_at, c.id
+"""
+
+
+class StubBatch(NamedTuple):
+    deleted: list[uuid.UUID]
+    # How many stubs the batch examined, and the (created_at, id) of the last: where the next batch starts.
+    examined: int
+    last: tuple[datetime, uuid.UUID] | None
+
+
+def runner_delete_stubs(
+    *, created_before: datetime, now: datetime, limit: int, after: tuple[datetime, uuid.UUID]
+) -> StubBatch:
+    """DeleteInactive for stubs: delete never-accepted runners created before ``created_before``.
+
+    One batch: up to ``limit`` stubs, oldest first, after the (created_at, id)
+    ``after``. Stubs are not_ready, or ready and never accepted; neither
+    heartbeats, so they age from ``created_at``.
+    """
+    params: dict[str, Any] = {
+        "created_before": created_before,
+        "now": now,
+        "limit": limit,
+        "after_key": after[0],
+        "after_id": after[1],
+    }
+    with connection.cursor() as cur:
+        cur.execute(_DELETE_STUBS_SQL, params)
+        rows = cur.fetchall()
+    return StubBatch(
+        deleted=[row[1] for row in rows if row[2]],
+        examined=len(rows),
+        last=(rows[-1][0], rows[-1][1]) if rows else None,
+    )
+
+
+class LostRunner(NamedTuple):
+    # The run the runner accepted (to flush its live log), failed now or finished before; None if it has none.
+    run_id: uuid.UUID | None
+    # Whether this call failed that run as runner lost.
+    failed: bool
+
+
+def runner_fail_lost(
+    *, runner_id: uuid.UUID, silent_before: datetime, now: datetime | None = None
+) -> LostRunner | None:
+    """DeleteInactive for a busy runner silent since before ``silent_before``: fail its run as runner lost.
+
+    Answers None when the runner is not (or no longer) a silent busy runner: it
+    checked in since the sweep selected it, is gone, or another sweep holds it.
+    The runner row is left in place: the caller flushes the run's live log,
+    then deletes the row (``runner_deregister``), so a crash in between leaves
+    a busy, silent runner whose finished run the next sweep flushes and deletes.
+    """
+    now = _now(now)
+    with transaction.atomic():
+        # Locked, then re-checked: a /status that refreshed last_seen_at after the
+        # sweep's selection proves the runner alive; one arriving now waits for
+        # this transaction and then reads its run's new status (failure).
+        # SKIP LOCKED: a runner another sweep is reaping is that sweep's.
+        runner = (
+            Runner.objects.select_for_update(skip_locked=True).filter(id=runner_id, status=RunnerStatus.BUSY).first()
+        )
+        if runner is None:
+            return None
+        seen = runner.last_seen_at or runner.accepted_at or runner.created_at
+        if seen >= silent_before:
+            return None
+        # The run it accepted; a runner accepts one run in its life.
+        held = (
+            Run.objects.filter(assigned_runner_id=runner_id, started_at__isnull=False)
+            .order_by("-started_at")
+            .values_list("id", "status")
+            .first()
+        )
+        if held is None:
+            return LostRunner(run_id=None, failed=False)
+        run_id, status = held
+        if status not in EXECUTING:
+            return LostRunner(run_id=run_id, failed=False)  # finished, but the runner never deregistered
+        run_fail(
+            run_id=run_id,
+            reason=f"runner lost: runner {runner_id} has not polled its run's status since {seen.isoformat()}",
+            event="runner_lost",
+            expected=EXECUTING,
+            extra_filter={"assigned_runner_id": runner_id},
+            guard="the runner that holds it",
+            now=now,
+        )
+    return LostRunner(run_id=run_id, failed=True)
+
+
+def run_cancel_backstop(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
+    """requested_cancellation on a run that never started → cancelled, and its lane promoted.
+
+    RequestCancellation no longer creates this state (it cancels a never-started
+    run outright), but a run already in it has no runner to acknowledge it,
+    matches no other reaper, and holds its stack's lane for ever. Gated on a
+    lapsed lease so it never races an /accept still in flight.
+    """
+    now = _now(now)
+    return _terminate(
+        run_id,
+        expected={RunStatus.REQUESTED_CANCELLATION},
+        target=RunStatus.CANCELLED,
+        now=now,
+        event="cancel_backstop",
+        detail={"reason": "cancellation was requested before the run started; no runner will acknowledge it"},
+        extra_filter={"started_at__isnull": True, **_lease_lapsed(run_id, now)},
+        guard="a never-started run whose assignment lease has lapsed",
+    )
+
+
+def runner_force_delete(
+    *, runner_id: uuid.UUID, by: User | None = None, now: datetime | None = None
+) -> uuid.UUID | None:
+    """Delete a runner an operator knows is gone (ForceDeleteRunner); answers the id of the run it failed, if any.
+
+    Allowed once the runner has been offline past ``GANTRY_RUNNER_FORCE_GATE``:
+    last seen (or, never seen, created) that long ago. The run it was executing
+    fails as ``force_deleted`` and its stack's queue moves on at once, instead
+    of after ``GANTRY_RUNNER_EXECUTION_TIMEOUT``. A run it was only assigned
+    (never started) is not failed: deleting the row releases it for dispatch
+    (at once if pending; when its lease lapses if still assigned).
+    """
+    now = _now(now)
+    gate = timedelta(seconds=conf.get().runner_force_gate)
+    failed: uuid.UUID | None = None
+    with transaction.atomic():
+        # Locked: a /status arriving now waits, then finds the row gone and its run failed.
+        runner = Runner.objects.select_for_update().filter(id=runner_id).first()
+        if runner is None:
+            raise NotFound("runner not found")
+        seen = runner.last_seen_at or runner.created_at
+        eligible_at = seen + gate
+        if now < eligible_at:
+            what = "last seen" if runner.last_seen_at else "created (never seen)"
+            raise Conflict(
+                f"runner was {what} at {seen.isoformat()}; it may be force-deleted once it has been offline for "
+                f"{gate.total_seconds():.0f} s (GANTRY_RUNNER_FORCE_GATE), from {eligible_at.isoformat()}",
+                code="runner_not_offline",
+                eligible_at=eligible_at.isoformat(),
+            )
+        failed = (
+            Run.objects.filter(assigned_runner_id=runner_id, status__in=sorted(EXECUTING))
+            .values_list("id", flat=True)
+            .first()
+        )
+        if failed is not None:
+            who = f" by {by.get_username()}" if by is not None else ""
+            run_fail(
+                run_id=failed,
+                reason=f"runner {runner_id} was force-deleted{who} after being offline since {seen.isoformat()}",
+                event="force_deleted",
+                expected=EXECUTING,
+                extra_filter={"assigned_runner_id": runner_id},
+                guard="the runner that holds it",
+                now=now,
+            )
+        # The foreign key's SET NULL releases any run still pointing here. An
+        # accept locks run then runner, the reverse of this; it cannot be in
+        # flight for a runner offline past the gate while the gate is at least
+        # the lease (the defaults), and PostgreSQL's deadlock check settles the rest.
+        Runner.objects.filter(id=runner_id).delete()
+    return failed
 
 
 # --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ One SQL statement does the whole claim: stamp the group's ``last_polled_at``
 selectors the group can serve, probe the pending-run index once per selector,
 lock the oldest candidate ``FOR UPDATE SKIP LOCKED``, insert the not_ready stub
 runner, assign the run with a lease and write its event. The throttle seam then
-runs inside the same transaction, before commit.
+runs inside the same transaction, before commit (see "The throttle" below).
 
 Why it stays flat at any backlog (PERFORMANCE-NOTES.md): the statement never
 reads a run the group cannot take. ``run_selector`` holds an org's *distinct*
@@ -32,21 +32,36 @@ stub included. Concurrent polls of *one* group take turns for the few hundred
 microseconds of the claim; polls of different groups never wait on each other.
 Run rows are never waited on: SKIP LOCKED passes over a run another poll is
 claiming.
+
+The throttle (reference "Per-org runs/hour throttle"): once the statement has
+won a run, and before commit, one token of the org's budget is spent
+(``gantry.dispatch.throttle``). After the claim, not before, so polls that lost
+the race never spend one: the budget counts runs dispatched, not polls. The
+statement also answers the org's ``runs_per_hour_limit`` (a primary-key read of
+a row the statement already joins), so the bucket always refills at the rate in
+force, with no extra round trip. An empty bucket raises ``Throttled`` inside the
+transaction: the run is pending again and the stub never existed. Then, in a
+transaction of its own, the org's ``dispatch_throttled_until`` is stamped with
+the bucket's next refill, a hint the backend dispatcher uses to skip the org.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from gantry import conf
 from gantry.core import tokens
-from gantry.core.models import RunnerGroup
+from gantry.core.models import Organization, RunnerGroup
+from gantry.dispatch import throttle
+
+log = logging.getLogger("gantry.dispatch")
 
 # Candidates read per matching selector. With k concurrent pollers on one
 # selector, a top-1 probe answers empty while work exists most of the time
@@ -111,7 +126,9 @@ event AS (
            jsonb_build_object('runner_id', %(runner_id)s::text, 'runner_group_id', %(group_id)s::bigint)
     FROM assigned
 )
-SELECT id FROM assigned
+-- The rate comes back with the run: the throttle needs it, and reading it here
+-- costs no round trip.
+SELECT assigned.id, o.runs_per_hour_limit FROM assigned JOIN organization o ON o.id = %(org_id)s
 """
 
 
@@ -124,20 +141,70 @@ class Claim:
 
 
 class Throttled(Exception):
-    """The org's dispatch budget is spent; the claim was rolled back."""
+    """The org's dispatch budget is spent; the claim was rolled back.
+
+    ``claim()`` answers None for it (a poll answers 204 either way); a caller
+    that must tell it from "no work", such as a dispatcher that should stop the
+    org for the tick instead of trying its next run, passes
+    ``raise_throttled=True`` and gets this, with ``until`` = the next refill.
+    """
+
+    def __init__(self, *, organization_id: int, runs_per_hour_limit: int, until: datetime) -> None:
+        super().__init__(f"organization {organization_id} is throttled until {until.isoformat()}")
+        self.organization_id = organization_id
+        self.runs_per_hour_limit = runs_per_hour_limit
+        self.until = until
 
 
-def _consume_dispatch_token(*, organization_id: int, now: datetime) -> None:
+def _consume_dispatch_token(
+    *, organization_id: int, now: datetime, runs_per_hour_limit: int | None = None
+) -> throttle.Outcome:
     """The throttle seam: spend one token of the org's runs/hour budget or raise Throttled.
 
     Called after the claim won its row and before commit, so a poll that lost
-    the SKIP LOCKED race never spends a token. The Redis token bucket arrives
-    with the dispatch-budget issue; until then every claim is allowed.
+    the SKIP LOCKED race never spends a token. ``claim()`` passes the rate its
+    statement read; another caller may leave it out and pay one query. Answers
+    the outcome to count once the transaction commits (dispatched, or
+    failed_open when Redis could not answer and the run goes out anyway).
     """
+    if runs_per_hour_limit is None:
+        runs_per_hour_limit = Organization.objects.values_list("runs_per_hour_limit", flat=True).get(id=organization_id)
+    decision = throttle.consume(organization_id=organization_id, rate=runs_per_hour_limit)
+    if decision.outcome == throttle.LIMITED:
+        raise Throttled(
+            organization_id=organization_id,
+            runs_per_hour_limit=runs_per_hour_limit,
+            until=throttle.throttled_until(now=now, ms_to_next_token=decision.ms_to_next_token),
+        )
+    return decision.outcome
 
 
-def claim(*, group: RunnerGroup, now: datetime | None = None) -> Claim | None:
-    """Claim the oldest run ``group`` may take, or None when there is none (or the org is throttled)."""
+def _stamp_throttled(exc: Throttled) -> None:
+    """Defer the org until its next token: best-effort, in its own transaction, never failing the poll.
+
+    Guarded on the rate the claim used: a rate change clears the stamp (the
+    projection was made at the old rate), and a stamp computed at the old rate
+    must not land after that clear. A stamp that is merely late or lost costs
+    nothing: the bucket stays authoritative, the next throttled poll re-stamps.
+    """
+    try:
+        with transaction.atomic():
+            Organization.objects.filter(id=exc.organization_id, runs_per_hour_limit=exc.runs_per_hour_limit).update(
+                dispatch_throttled_until=exc.until
+            )
+    except DatabaseError as err:
+        log.warning(
+            "could not stamp dispatch_throttled_until",
+            extra={"event": "throttle.stamp_failed", "organization_id": exc.organization_id, "error": repr(err)},
+        )
+
+
+def claim(*, group: RunnerGroup, now: datetime | None = None, raise_throttled: bool = False) -> Claim | None:
+    """Claim the oldest run ``group`` may take, or None when there is none (or the org is throttled).
+
+    With ``raise_throttled`` a throttled claim raises :class:`Throttled` instead
+    of answering None (after the rollback and the stamp, as always).
+    """
     now = now or timezone.now()
     runner_id = uuid.uuid4()
     expires = now + timedelta(seconds=conf.get().assignment_ttl)
@@ -154,12 +221,17 @@ def claim(*, group: RunnerGroup, now: datetime | None = None) -> Claim | None:
                 cur.execute(_CLAIM_SQL, params)
                 row = cur.fetchone()
             if row is None:
-                return None
-            _consume_dispatch_token(organization_id=group.organization_id, now=now)
-    except Throttled:
+                return None  # no run, or lost the race: Redis is never asked
+            run_id, rate = row
+            outcome = _consume_dispatch_token(organization_id=group.organization_id, now=now, runs_per_hour_limit=rate)
+    except Throttled as exc:
         # Rolled back: the run is pending again and no stub survives.
+        throttle.record(throttle.LIMITED)
+        _stamp_throttled(exc)
+        if raise_throttled:
+            raise
         return None
-    run_id = row[0]
+    throttle.record(outcome)
     return Claim(
         run_id=run_id,
         runner_id=runner_id,

@@ -140,6 +140,10 @@ def advance(d: Driven, group: RunnerGroup, steps: list[str]) -> Driven:
         elif step == "skip":
             services.deployment_skip(deployment_id=d.run.deployment_id, now=d.now)
         elif step == "startup_timeout":
+            # An assigned run times out only once its lease has lapsed (no runner can still accept it).
+            expires = d.run.assigned_expires_at
+            if d.run.status == RunStatus.ASSIGNED and expires is not None and expires >= d.now:
+                d.now = expires + timedelta(seconds=1)
             services.run_startup_timeout(run_id=run_id, now=d.now)
         else:  # pragma: no cover - a typo in a path
             raise AssertionError(f"unknown step {step}")

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class LogsConfig(AppConfig):
+    name = "gantry.logs"
+    label = "logs"
+    verbose_name = "Run logs"

@@ -1,0 +1,25 @@
+"""The fixed sizes of the log contract (docs/logs.md), written once.
+
+``CHUNK_SIZE`` matches ``logs.chunk_size_bytes`` in RunContext
+(``gantry.api.runner_views.LOG_CHUNK_SIZE``; a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+CHUNK_SIZE = 1024 * 1024
+# A gzip of CHUNK_SIZE bytes is at most a little over CHUNK_SIZE (incompressible
+# output plus headers); twice that leaves room for a runner that seals a line
+# past the threshold, and still bounds what one request may make us hold.
+CHUNK_GZIP_MAX = 2 * CHUNK_SIZE
+# Decompressed size past which a chunk is treated as corrupt: a 2 MiB gzip can
+# expand to gigabytes, and the reader must never do that.
+CHUNK_TEXT_MAX = 16 * CHUNK_SIZE
+# Chunk numbers run 0..MAX_CHUNKS-1. A chunk seals at 1 MiB or 30 s, so this is
+# 32 GiB of output or eleven days of a trickle, far past GANTRY_LOG_MAX_BYTES
+# and the longest spec timeout (7 days); it also bounds the manifest kept on
+# the run row (~2 MB of hashes at worst).
+MAX_CHUNKS = 32768
+# Most log bytes one GET /runs/{id}/logs answers; a longer log is read in pages.
+PAGE_BYTES = 1024 * 1024
+# How long a handed-out upload URL (S3 or Gantry's own) stays valid.
+UPLOAD_URL_TTL = 900

@@ -1,0 +1,124 @@
+"""The live record: one Redis key per run holding the runner's latest snapshot of its active chunk.
+
+Best-effort by design (runner-polling.md, "Live Log Push"): every call here
+swallows Redis errors. Without Redis a push is dropped and the log shows up
+chunk by chunk as chunks seal; nothing in a run's life depends on this record.
+
+A record is one value, ``<json header>\\n<gzip bytes>``, written with a single
+``SET … EX``, so a push replaces the previous one atomically and a reader never
+sees the header of one push with the data of another.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+
+from gantry import conf
+from gantry.redis import client
+
+log = logging.getLogger("gantry.logs")
+
+KEY = "gantry:logs:live:{run_id}"
+
+
+@dataclass(frozen=True)
+class LiveRecord:
+    chunk_index: int
+    sealed_chunks: int
+    # gzip of the active chunk's bytes, exactly as the runner sent it.
+    data: bytes
+    pushed_at: float
+
+
+def ttl_seconds() -> int:
+    """How long a record outlives its last push.
+
+    The inactive-runner reaper fails a run once its runner has been silent for
+    GANTRY_RUNNER_EXECUTION_TIMEOUT, checked every GANTRY_REAPER_INTERVAL, and
+    then flushes this record; it must still be there at that moment. A runner
+    whose output is quiet stops pushing (unchanged ticks are skipped) while it
+    keeps polling, but by then its chunk has sealed on the time bound, so an
+    expired record never hides bytes that are not in storage.
+    """
+    cfg = conf.get()
+    return cfg.runner_execution_timeout + 2 * cfg.reaper_interval + 600
+
+
+def _key(run_id: uuid.UUID) -> str:
+    return KEY.format(run_id=run_id)
+
+
+# Warn once per outage, then stay at DEBUG: a push every 2 s per running run
+# would otherwise flood the log while Redis is down.
+_warned = False
+
+
+def _unavailable(action: str, exc: Exception) -> None:
+    global _warned
+    log.log(
+        logging.DEBUG if _warned else logging.WARNING,
+        "live log %s skipped: Redis unavailable (%s)",
+        action,
+        exc,
+        extra={"event": "logs.redis_unavailable", "action": action},
+    )
+    _warned = True
+
+
+def _available() -> None:
+    global _warned
+    _warned = False
+
+
+def store(run_id: uuid.UUID, *, chunk_index: int, sealed_chunks: int, data: bytes) -> bool:
+    """Replace the run's record; False when Redis is unavailable (the push is dropped)."""
+    header = json.dumps({"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "at": time.time()})
+    try:
+        client().set(_key(run_id), header.encode() + b"\n" + data, ex=ttl_seconds())
+    except (redis.RedisError, OSError) as exc:
+        _unavailable("push", exc)
+        return False
+    _available()
+    return True
+
+
+def get(run_id: uuid.UUID) -> LiveRecord | None:
+    """The run's record, or None (none pushed, expired, deleted, or Redis unavailable)."""
+    try:
+        raw = client().get(_key(run_id))
+    except (redis.RedisError, OSError) as exc:
+        _unavailable("read", exc)
+        return None
+    _available()
+    if not isinstance(raw, bytes):
+        return None
+    header, sep, data = raw.partition(b"\n")
+    try:
+        meta = json.loads(header)
+        record = LiveRecord(
+            chunk_index=int(meta["chunk_index"]),
+            sealed_chunks=int(meta["sealed_chunks"]),
+            data=data,
+            pushed_at=float(meta["at"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        log.warning("unreadable live log record for run %s", run_id, extra={"event": "logs.live_unreadable"})
+        return None
+    return record if sep else None
+
+
+def delete(run_id: uuid.UUID) -> None:
+    """Drop the run's record (after /done, or once flushed to storage)."""
+    try:
+        client().delete(_key(run_id))
+    except (redis.RedisError, OSError) as exc:
+        # It expires on its own; the reader ignores it once the run has a manifest.
+        _unavailable("delete", exc)
+        return
+    _available()

@@ -1,0 +1,201 @@
+"""The log routes (docs/logs.md): the runner's live push and chunk handout, the local upload URL, and the reader."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from typing import Any
+
+from django.core import signing
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import BaseParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gantry.api.auth import IsRunner
+from gantry.api.runner_views import _errors as runner_errors
+from gantry.api.runner_views import _runner
+from gantry.api.serializers import ErrorSerializer
+from gantry.api.views import UserView, scoped
+from gantry.api.views import _errors as user_errors
+from gantry.core.errors import GantryError, InvalidRequest
+from gantry.core.models import Run
+from gantry.logs import services
+from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS, PAGE_BYTES
+from gantry.logs.reader import read_log
+from gantry.logs.storage import LocalStorage
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class LivePushSerializer(serializers.Serializer):
+    chunk_index = serializers.IntegerField(min_value=0, max_value=MAX_CHUNKS - 1, help_text="The active chunk.")
+    sealed_chunks = serializers.IntegerField(
+        min_value=0, max_value=MAX_CHUNKS, help_text="Chunks durably uploaded (advanced only after a successful PUT)."
+    )
+    # DRF's metaclass moves declared fields off the class, so this does not
+    # shadow Serializer.data at runtime; only the stubs see a clash.
+    data = serializers.CharField(  # type: ignore[assignment]
+        allow_blank=False,
+        trim_whitespace=False,
+        # Base64 makes 4 characters of 3 bytes.
+        max_length=(CHUNK_GZIP_MAX + 2) // 3 * 4,
+        help_text=f"Base64 of the gzip of the active chunk's bytes; at most {CHUNK_GZIP_MAX} bytes of gzip.",
+    )
+
+    def validate_data(self, value: str) -> bytes:
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise serializers.ValidationError("not base64") from None
+        # Only the magic number: decompressing on every push would cost the
+        # server more than the push is worth; the reader skips a bad snapshot.
+        if not raw.startswith(GZIP_MAGIC):
+            raise serializers.ValidationError("not a gzip (base64 of gzip bytes expected)")
+        if len(raw) > CHUNK_GZIP_MAX:
+            raise serializers.ValidationError(f"more than {CHUNK_GZIP_MAX} bytes of gzip")
+        return raw
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["sealed_chunks"] > attrs["chunk_index"]:
+            raise serializers.ValidationError("sealed_chunks cannot exceed chunk_index: the active chunk is not sealed")
+        return attrs
+
+
+class LiveLogView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runs_logs_live",
+        request=LivePushSerializer,
+        responses={
+            204: OpenApiResponse(description="accepted, or dropped (no Redis; the run no longer executes here)"),
+            **runner_errors(400, 401, 403),
+        },
+        description="Replace the run's live log record (a snapshot of its active chunk). Best-effort: 204 for "
+        "every well-formed push, also when Redis is unavailable or the run is no longer executing on this runner "
+        "(the push is then dropped). 400 for a malformed one.",
+    )
+    def post(self, request: Request, run_id: uuid.UUID) -> Response:
+        principal = _runner(request, run_id=run_id)
+        ser = LivePushSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        services.live_push(run_id=run_id, runner_id=principal.runner.id, **ser.validated_data)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ChunkRequestSerializer(serializers.Serializer):
+    sha256 = serializers.RegexField(r"^[0-9a-fA-F]{64}$", help_text="Hex sha256 of the chunk's gzip bytes.")
+    size = serializers.IntegerField(min_value=1, max_value=CHUNK_GZIP_MAX, help_text="Byte count of the gzip.")
+
+
+class PresignedPutSerializer(serializers.Serializer):
+    url = serializers.CharField(help_text="PUT the gzip bytes here (absolute URL).")
+    method = serializers.CharField()
+    headers = serializers.DictField(child=serializers.CharField(), help_text="Send exactly these headers with the PUT.")
+    expires_at = serializers.DateTimeField()
+
+
+class ChunkUploadUrlView(APIView):
+    permission_classes = [IsRunner]
+
+    @extend_schema(
+        operation_id="runs_logs_chunk_upload_url",
+        request=ChunkRequestSerializer,
+        responses={200: PresignedPutSerializer, **runner_errors(400, 401, 403, 404, 409)},
+        description=f"A presigned PUT for sealed chunk n (0 ≤ n < {MAX_CHUNKS}): S3 when configured, else Gantry's "
+        "own signed upload URL. Storage keeps the chunk only if the body has this size and sha256, and only once. "
+        "409 `run_terminal` once the run has finished; 409 `conflict` when the run is not executing on this runner.",
+    )
+    def post(self, request: Request, run_id: uuid.UUID, n: int) -> Response:
+        principal = _runner(request, run_id=run_id)
+        ser = ChunkRequestSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        put = services.chunk_upload_url(run_id=run_id, runner_id=principal.runner.id, n=n, **ser.validated_data)
+        answer = put.as_dict()
+        answer["url"] = request.build_absolute_uri(put.url)  # Gantry's own URL is a path; S3's is absolute
+        return Response(PresignedPutSerializer(answer).data)
+
+
+class UploadUrlInvalid(GantryError):
+    code = "upload_url_invalid"
+    http_status = 401
+
+
+class RawParser(BaseParser):
+    """Documents the body; the view reads the raw stream itself."""
+
+    media_type = "*/*"
+
+
+class LogUploadView(APIView):
+    # The signed URL is the credential (like an S3 presigned URL): no header auth.
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+    parser_classes = [RawParser]
+
+    @extend_schema(
+        operation_id="log_uploads_put",
+        request={"application/gzip": OpenApiTypes.BINARY},
+        responses={
+            201: OpenApiResponse(description="stored"),
+            200: OpenApiResponse(description="already stored with identical content (a retried upload)"),
+            400: OpenApiResponse(ErrorSerializer, description="size or sha256 differ from the URL's"),
+            401: OpenApiResponse(ErrorSerializer, description="`upload_url_invalid`: forged or expired URL"),
+            404: OpenApiResponse(ErrorSerializer, description="this server stores chunks in S3"),
+            409: OpenApiResponse(ErrorSerializer, description="`chunk_exists`: stored with other content"),
+        },
+        description="Gantry's own signed upload URL for a sealed chunk, handed out by "
+        "`POST /runs/{run_id}/logs/chunks/{n}` when no S3 bucket is configured. Checks the body's size and sha256 "
+        "and writes the chunk once.",
+    )
+    def put(self, request: Request, token: str) -> Response:
+        try:
+            grant = LocalStorage.verify_upload_token(token)
+        except signing.SignatureExpired:
+            raise UploadUrlInvalid("this upload URL has expired; ask for a new one") from None
+        except signing.BadSignature:
+            raise UploadUrlInvalid("this upload URL is not valid") from None
+        # Read the stream, not request.body: bounded by the grant, not by
+        # DATA_UPLOAD_MAX_MEMORY_SIZE, and one byte more reveals an oversize body.
+        data = request._request.read(grant.size + 1)
+        result = services.chunk_store_upload(grant=grant, data=data)
+        return Response(status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
+
+
+class LogPageSerializer(serializers.Serializer):
+    text = serializers.CharField(help_text="The log from `offset`, decoded as UTF-8 (invalid bytes as U+FFFD).")
+    next_offset = serializers.IntegerField(help_text="Ask again from here to follow the log.")
+    complete = serializers.BooleanField(help_text="The run has finished and the log ends at next_offset.")
+
+
+class RunLogView(UserView):
+    @extend_schema(
+        operation_id="runs_logs_read",
+        parameters=[
+            OpenApiParameter(
+                "offset", int, description="Byte offset into the log to read from: 0, or a previous next_offset."
+            )
+        ],
+        responses={200: LogPageSerializer, **user_errors(400, 401, 403, 404)},
+        description=f"The run's log from `offset`: sealed chunks in order (gap markers for missing or corrupt "
+        f"ones), then the live chunk of an active run; at most {PAGE_BYTES} bytes per answer. Loop with "
+        "`offset = next_offset` until `complete`.",
+    )
+    def get(self, request: Request, pk: uuid.UUID) -> Response:
+        run = scoped(request, Run.objects.all(), pk, org_path="organization")
+        raw = request.query_params.get("offset", "0")
+        try:
+            offset = int(raw)
+        except ValueError:
+            raise InvalidRequest("offset must be a whole number of bytes") from None
+        if offset < 0:
+            raise InvalidRequest("offset must not be negative")
+        page = read_log(run, offset=offset)
+        return Response(
+            LogPageSerializer({"text": page.text, "next_offset": page.next_offset, "complete": page.complete}).data
+        )

@@ -1,0 +1,118 @@
+"""Gantry's Prometheus metrics, served at ``/metrics`` (``gantry.web.ops``).
+
+Reaper figures are global, not per process. The reapers run in Celery worker
+processes (or ``manage.py reap``), never in the web process that answers
+``/metrics``, so an in-process counter would be invisible to the scrape. Each
+sweep therefore adds its figures to one Redis hash, and a collector registered
+here reads that hash at scrape time: every web process reports the same
+totals, summed over every worker that ever swept. The hash is keyed by the
+database name, so installations (and test databases) sharing one Redis keep
+apart. Recording and reading both fail open: a Redis outage loses figures,
+never a sweep or a scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+
+import redis
+from django.db import connections
+from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gantry import redis as gantry_redis
+
+log = logging.getLogger("gantry.metrics")
+
+# Every reaper and the outcomes it counts, so each series exists (at 0) before its first event.
+REAPER_OUTCOMES: dict[str, tuple[str, ...]] = {
+    "expired_assignments": ("reset", "skipped", "error"),
+    "startup_deadline": ("timed_out", "skipped", "error"),
+    "inactive_runners": ("stub_deleted", "runner_lost", "runner_deleted", "flush_failed", "skipped", "error"),
+    "cancellation_backstop": ("cancelled", "skipped", "error"),
+    "force_delete": ("runner_deleted", "run_failed"),
+}
+# Sweep durations: a sweep with nothing due takes a millisecond or two; a full
+# bounded sweep (thousands of transitions) tens of seconds.
+SWEEP_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+def _key() -> str:
+    return f"gantry:metrics:{connections['default'].settings_dict['NAME']}:reapers"
+
+
+def record_reaped(reaper: str, counts: Mapping[str, int], seconds: float | None = None) -> None:
+    """Add one sweep's (or one action's) counts, and the sweep's duration when given."""
+    fields: dict[str, int] = {f"reaped|{reaper}|{outcome}": n for outcome, n in counts.items() if n}
+    try:
+        pipe = gantry_redis.client().pipeline(transaction=False)
+        for field, n in fields.items():
+            pipe.hincrby(_key(), field, n)
+        if seconds is not None:
+            bucket = next((i for i, le in enumerate(SWEEP_BUCKETS) if seconds <= le), len(SWEEP_BUCKETS))
+            pipe.hincrby(_key(), f"sweeps|{reaper}", 1)
+            pipe.hincrbyfloat(_key(), f"seconds|{reaper}", seconds)
+            pipe.hincrby(_key(), f"bucket|{reaper}|{bucket}", 1)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("reaper metrics not recorded: %s", exc, extra={"event": "metrics.record_failed"})
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class ReaperCollector(Collector):
+    """Reads the reaper figures from Redis at scrape time."""
+
+    def describe(self) -> Iterable[Metric]:
+        # Without describe() registering would call collect(), reading Redis at import.
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            raw = gantry_redis.client().hgetall(_key())
+        except redis.RedisError as exc:
+            log.warning("reaper metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
+            return []
+        values = {_text(k): _text(v) for k, v in raw.items()}
+        return self._families(values)
+
+    @staticmethod
+    def _families(values: Mapping[str, str] | None = None) -> list[Metric]:
+        values = values or {}
+        reaped = CounterMetricFamily(
+            "gantry_reaper_reaped",
+            "Runs and runners the reapers (and force-delete) acted on, by outcome; 'skipped' means another "
+            "sweep or a request got there first.",
+            labels=["reaper", "outcome"],
+        )
+        for reaper, outcomes in REAPER_OUTCOMES.items():
+            for outcome in outcomes:
+                reaped.add_metric([reaper, outcome], float(values.get(f"reaped|{reaper}|{outcome}", 0)))
+        duration = HistogramMetricFamily(
+            "gantry_reaper_sweep_duration_seconds", "Duration of one reaper sweep.", labels=["reaper"]
+        )
+        for reaper in REAPER_OUTCOMES:
+            if reaper == "force_delete":
+                continue  # an operator action, not a sweep
+            cumulative, buckets = 0.0, []
+            for i, le in enumerate((*SWEEP_BUCKETS, math.inf)):
+                cumulative += float(values.get(f"bucket|{reaper}|{i}", 0))
+                buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+            duration.add_metric([reaper], buckets, sum_value=float(values.get(f"seconds|{reaper}", 0)))
+        return [reaped, duration]
+
+
+_collector = ReaperCollector()
+_registered = False
+
+
+def register() -> None:
+    """Register the collector with the default registry, once per process (the reapers app's ready())."""
+    global _registered
+    if not _registered:
+        REGISTRY.register(_collector)
+        _registered = True

@@ -1,0 +1,86 @@
+"""What every launcher is: start an ephemeral runner for a claimed run, and keep track of it.
+
+A coordinator holds one launcher. It calls :meth:`Launcher.launch` for each
+claim, :meth:`Launcher.is_alive` to see which workers finished (then
+:meth:`Launcher.reap` to forget them), :meth:`Launcher.discover` at start-up
+to re-attach to workers a previous coordinator process left running, and
+:meth:`Launcher.terminate` to stop one. Launchers never talk to Gantry: the
+runner they start does, and the coordinator reports a failed launch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class LaunchError(Exception):
+    """A launch failed. ``permanent``: trying again cannot help (a missing binary, a refused image).
+
+    Either way the coordinator reports the run as dispatch-failed (the run is
+    claimed and only a runner could start it); a transient failure is first
+    retried a few times within the assignment's lease.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One claimed run and everything its runner needs to reach Gantry."""
+
+    server: str
+    run_id: str
+    runner_id: str
+    # The runner JWT: a secret. Kept out of repr so it never lands in a log line.
+    runner_token: str = field(repr=False)
+    assigned_expires_at: str = ""
+
+
+@dataclass
+class WorkerHandle:
+    """A started runner, as the launcher knows it (``ident``: a pid, container id, pod name, ...)."""
+
+    kind: str
+    run_id: str
+    runner_id: str
+    ident: str
+    started_at: float  # epoch seconds
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Launcher(ABC):
+    kind: ClassVar[str] = ""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
+        """Build from the coordinator's ``--launcher-option KEY=VALUE`` pairs; refuse unknown keys."""
+        if options:
+            raise ValueError(f"launcher {cls.kind!r} takes no options (got {', '.join(sorted(options))})")
+        return cls()
+
+    @abstractmethod
+    def launch(self, assignment: Assignment) -> WorkerHandle:
+        """Start a runner for ``assignment``; raise :class:`LaunchError` when it cannot be started."""
+
+    @abstractmethod
+    def discover(self) -> list[WorkerHandle]:
+        """The workers this launcher started (in this or an earlier process) that are still running."""
+
+    @abstractmethod
+    def is_alive(self, handle: WorkerHandle) -> bool:
+        """Whether the worker still runs."""
+
+    @abstractmethod
+    def terminate(self, handle: WorkerHandle, grace: float = 10.0) -> None:
+        """Ask the worker to stop (its runner then stops its step), force it after ``grace`` seconds."""
+
+    def reap(self, handle: WorkerHandle) -> int | None:
+        """Forget a worker that is no longer alive and clean up after it; its exit code when known."""
+        return None

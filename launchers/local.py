@@ -1,0 +1,323 @@
+"""The local launcher: each runner is an OS process on the coordinator's host.
+
+State folder (``--state-dir``)::
+
+    workers/<run id>.json   one record per running worker: run, runner, pid, the
+                            process's start time (clock ticks since boot) and
+                            the command-line marker; written when the worker
+                            starts, removed when it is reaped
+    workers/<run id>.exit   the runner's exit code, written by the runner itself
+                            (GANTRY_EXIT_FILE) so a restarted coordinator, which
+                            cannot wait() for a process it did not start, learns it
+    logs/<run id>.log       the runner's own stdout and stderr (JSON lines)
+    work/                   the runners' work folders (GANTRY_WORK_DIR)
+
+Workers run in a session of their own (``start_new_session``), so they
+survive the coordinator: a coordinator that is restarted (or killed) finds them
+again through the records. A record is believed only if the pid is alive, its
+start time is the recorded one and its command line names the run: a reused
+pid is never mistaken for a worker.
+
+The runner token travels in the worker's environment, never on its command
+line (which any user can read with ``ps``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launchers import register
+from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
+from runners.logsetup import event
+
+log = logging.getLogger("gantry.launcher.local")
+
+# The folder holding the `runners` package: the worker's working directory and PYTHONPATH.
+CODE_ROOT = Path(__file__).resolve().parent.parent
+MODULE = "runners.ephemeral"
+# What a runner inherits from the coordinator's environment (plus `pass_env`).
+INHERITED_ENV = (
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM",
+    "VIRTUAL_ENV", "GANTRY_LOG_LEVEL", "GANTRY_STOP_GRACE",
+)  # fmt: skip
+
+
+@register("local")
+class LocalLauncher(Launcher):
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        python: str | None = None,
+        work_dir: Path | None = None,
+        pass_env: Sequence[str] = (),
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.python = python or sys.executable
+        self.workers_dir = self.state_dir / "workers"
+        self.logs_dir = self.state_dir / "logs"
+        self.work_dir = Path(work_dir) if work_dir else self.state_dir / "work"
+        self.pass_env = tuple(pass_env)
+        self.extra_env = dict(extra_env or {})
+        for folder in (self.state_dir, self.workers_dir, self.logs_dir, self.work_dir):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Workers this process started: their Popen objects give exact exit codes and reap zombies.
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
+        """Options: ``python`` (the interpreter runners start with), ``work_dir``, ``pass_env`` (NAME,NAME)."""
+        unknown = set(options) - {"python", "work_dir", "pass_env"}
+        if unknown:
+            raise ValueError(f"unknown local launcher options: {', '.join(sorted(unknown))}")
+        pass_env = [name for name in options.get("pass_env", "").split(",") if name]
+        work_dir = Path(options["work_dir"]) if options.get("work_dir") else None
+        return cls(state_dir, python=options.get("python"), work_dir=work_dir, pass_env=pass_env)
+
+    # ------------------------------------------------------------ paths
+
+    def _record(self, run_id: str) -> Path:
+        return self.workers_dir / f"{run_id}.json"
+
+    def _exit_file(self, run_id: str) -> Path:
+        return self.workers_dir / f"{run_id}.exit"
+
+    def log_file(self, run_id: str) -> Path:
+        return self.logs_dir / f"{run_id}.log"
+
+    # ------------------------------------------------------------ launch
+
+    def _env(self, assignment: Assignment) -> dict[str, str]:
+        env = {name: os.environ[name] for name in (*INHERITED_ENV, *self.pass_env) if name in os.environ}
+        env.update(self.extra_env)
+        env.update(
+            {
+                "PYTHONPATH": str(CODE_ROOT),
+                "PYTHONUNBUFFERED": "1",
+                "GANTRY_SERVER": assignment.server,
+                "GANTRY_RUN_ID": assignment.run_id,
+                "GANTRY_RUNNER_ID": assignment.runner_id,
+                "GANTRY_RUNNER_TOKEN": assignment.runner_token,
+                "GANTRY_EXIT_FILE": str(self._exit_file(assignment.run_id)),
+                "GANTRY_WORK_DIR": str(self.work_dir),
+                "GANTRY_LAUNCHER": "local",
+            }
+        )
+        return env
+
+    def launch(self, assignment: Assignment) -> WorkerHandle:
+        # The run id on the command line (not a secret) is the marker that
+        # tells our worker apart from whatever else might get its pid later.
+        argv = [self.python, "-m", MODULE, "--run-id", assignment.run_id, "--launcher", "local"]
+        self._exit_file(assignment.run_id).unlink(missing_ok=True)
+        try:
+            with open(self.log_file(assignment.run_id), "ab") as output:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=CODE_ROOT,
+                    env=self._env(assignment),
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    # Its own session: the coordinator's Ctrl-C or death does not reach it.
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            # A missing or unusable interpreter will not fix itself; a resource
+            # shortage (EAGAIN, ENOMEM, EMFILE) may.
+            permanent = isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError))
+            raise LaunchError(f"cannot start {self.python} -m {MODULE}: {exc}", permanent=permanent) from exc
+        handle = WorkerHandle(
+            kind=self.kind,
+            run_id=assignment.run_id,
+            runner_id=assignment.runner_id,
+            ident=str(proc.pid),
+            started_at=time.time(),
+            meta={"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "log": str(self.log_file(assignment.run_id))},
+        )
+        self._children[assignment.run_id] = proc
+        self._write_record(handle)
+        return handle
+
+    def _write_record(self, handle: WorkerHandle) -> None:
+        record = {
+            "run_id": handle.run_id,
+            "runner_id": handle.runner_id,
+            "pid": handle.meta["pid"],
+            "start_ticks": handle.meta["start_ticks"],
+            "started_at": handle.started_at,
+            "marker": [MODULE, handle.run_id],
+            "log": handle.meta["log"],
+        }
+        path = self._record(handle.run_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)  # atomic: a reader never sees half a record
+
+    # ------------------------------------------------------------ discover / alive
+
+    def discover(self) -> list[WorkerHandle]:
+        """Workers recorded in the state folder that still run; records of finished ones are reaped here."""
+        alive: list[WorkerHandle] = []
+        for path in sorted(self.workers_dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+                handle = WorkerHandle(
+                    kind=self.kind,
+                    run_id=str(record["run_id"]),
+                    runner_id=str(record["runner_id"]),
+                    ident=str(record["pid"]),
+                    started_at=float(record["started_at"]),
+                    meta={
+                        "pid": int(record["pid"]),
+                        "start_ticks": record.get("start_ticks"),
+                        "log": record.get("log"),
+                    },
+                )
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                event(log, "worker.bad_record", "ignoring unreadable worker record %s: %s", path, exc,
+                      level=logging.WARNING)  # fmt: skip
+                path.unlink(missing_ok=True)
+                continue
+            if self.is_alive(handle):
+                alive.append(handle)
+            else:
+                code = self.reap(handle)
+                event(log, "worker.exited", "worker for run %s exited with code %s (while no coordinator watched)",
+                      handle.run_id, "unknown" if code is None else code, run_id=handle.run_id,
+                      pid=handle.meta["pid"], exit_code=code)  # fmt: skip
+        return alive
+
+    def is_alive(self, handle: WorkerHandle) -> bool:
+        proc = self._children.get(handle.run_id)
+        if proc is not None:
+            if proc.returncode is not None:
+                return False
+            try:
+                # WNOWAIT: look without reaping, so the zombie keeps the pid
+                # (and its session's id) reserved until reap() has swept it.
+                return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+            except ChildProcessError:
+                return proc.poll() is None
+        return _is_our_process(int(handle.meta["pid"]), handle.meta.get("start_ticks"), handle.run_id)
+
+    # ------------------------------------------------------------ terminate / reap
+
+    def terminate(self, handle: WorkerHandle, grace: float = 10.0) -> None:
+        pid = int(handle.meta["pid"])
+        if not self.is_alive(handle):
+            return
+        # The runner stops its step on SIGTERM and reports the run failed.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.is_alive(handle):
+            time.sleep(0.1)
+        if self.is_alive(handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def reap(self, handle: WorkerHandle) -> int | None:
+        pid = int(handle.meta["pid"])
+        proc = self._children.pop(handle.run_id, None)
+        # Before the runner is reaped (while a zombie still holds its pid), kill
+        # what it left in its session: the steps of a runner that was killed.
+        swept = _kill_session(pid, leader_is_zombie=proc is not None and proc.returncode is None)
+        if swept:
+            event(log, "worker.swept", "killed %d leftover process(es) of the worker for run %s", swept,
+                  handle.run_id, run_id=handle.run_id, pid=pid)  # fmt: skip
+        code: int | None = None
+        if proc is not None:
+            code = proc.wait()
+        exit_file = self._exit_file(handle.run_id)
+        if code is None:
+            with contextlib.suppress(OSError, ValueError):
+                code = int(exit_file.read_text().strip())
+        exit_file.unlink(missing_ok=True)
+        self._record(handle.run_id).unlink(missing_ok=True)
+        return code
+
+
+# ---------------------------------------------------------------- /proc helpers (Linux; degrade elsewhere)
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """Fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    # Field 22 of stat (starttime) is index 19 after the name.
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def _is_our_process(pid: int, start_ticks: Any, run_id: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # someone else's process now: our worker runs as us
+    fields = _stat_fields(pid)
+    if fields is None:
+        return not Path("/proc").is_dir()  # no /proc: kill(0) is all we can know
+    if fields[0] == b"Z":
+        return False
+    if start_ticks is not None and int(fields[19]) != int(start_ticks):
+        return False  # the pid was reused
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return MODULE.encode() in cmdline and run_id.encode() in cmdline
+
+
+def _kill_session(sid: int, *, leader_is_zombie: bool) -> int:
+    """SIGKILL every process left in session ``sid`` (a dead runner's steps); answer how many.
+
+    A session id is its leader's pid. While any process remains in the session
+    the kernel keeps that pid reserved, so members found here are truly the
+    runner's. If a process *with* that pid is running (and it is not our
+    unreaped worker), the pid was reused after the session emptied: nothing
+    here is ours, leave it alone.
+    """
+    if not leader_is_zombie:
+        try:
+            os.kill(sid, 0)
+            return 0
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return 0
+    killed = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == sid:
+            continue
+        fields = _stat_fields(int(entry))
+        # After the name: state, ppid, pgrp, session.
+        if fields and len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed

@@ -1,0 +1,396 @@
+"""A small HTTP client for Gantry's API (docs/protocol.md, docs/logs.md).
+
+Standard library only (``http.client``): runner hosts install nothing else.
+One connection per request keeps the client trivially thread-safe (the
+ephemeral runner calls it from its main, status and log threads at once); the
+request rates involved (a poll per 30 s, a status per 5 s, a chunk per MiB of
+output) make connection reuse irrelevant.
+
+Retries: connection errors, 5xx and 429 are retried with exponential backoff
+and full jitter, within a bounded number of attempts and an optional overall
+deadline. A 4xx is never retried (it is an answer, not an accident), with the
+one exception of 429 (honouring ``Retry-After``). Every error surfaces as
+:class:`ApiError` carrying the contract's ``code``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import random
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+USER_AGENT = "gantry-runner/1"
+
+
+class ApiError(Exception):
+    """The server refused a request (``status`` ≥ 400), or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, code: str, detail: str, body: Any = None) -> None:
+        super().__init__(f"{status} {code}: {detail}" if status else f"{code}: {detail}")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.body = body
+
+    @property
+    def transient(self) -> bool:
+        """Worth trying again later: unreachable, a server error, or rate limited."""
+        return self.status == 0 or self.status >= 500 or self.status == 429
+
+
+class ServerUnreachable(ApiError):
+    """No HTTP answer at all: connection refused or reset, DNS, timeout."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(0, "unreachable", detail)
+
+
+class RequestAborted(ApiError):
+    """The request was cut off by :meth:`GantryClient.abort` (a daemon shutting down)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, "aborted", "request aborted")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter: try ``attempts`` times, never past ``deadline`` seconds."""
+
+    attempts: int = 5
+    base: float = 0.5
+    cap: float = 10.0
+    deadline: float | None = None
+
+    def delay(self, attempt: int) -> float:
+        """The pause before try number ``attempt + 1`` (``attempt`` counts from 1)."""
+        return random.uniform(0, min(self.cap, self.base * 2 ** (attempt - 1)))
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+DEFAULT_RETRY = RetryPolicy()
+# /ready is idempotent on ready (a lost 204 looks like a request that never
+# committed), so the runner keeps asking for up to 30 s (reference: Ready).
+READY_RETRY = RetryPolicy(attempts=1000, base=0.5, cap=5.0, deadline=30.0)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A poll's answer: the run this group claimed and the credentials for its runner."""
+
+    run_id: str
+    runner_id: str
+    runner_token: str
+    assigned_expires_at: str
+
+
+@dataclass(frozen=True)
+class Upload:
+    """Where to PUT a sealed chunk (a presigned S3 URL, or Gantry's own signed upload URL)."""
+
+    url: str
+    method: str = "PUT"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _error_from(status: int, body: bytes) -> ApiError:
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and "code" in data:
+        return ApiError(status, str(data["code"]), str(data.get("detail", "")), data)
+    text = body[:300].decode("utf-8", errors="replace").strip()
+    return ApiError(status, f"http_{status}", text or http.client.responses.get(status, "error"), data)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    raw = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return max(0.0, float(raw)) if raw else None
+    except ValueError:
+        return None
+
+
+class GantryClient:
+    """Calls the API of the Gantry at ``server`` (the service root URL) with ``token``.
+
+    ``scheme`` is ``Bearer`` for group and runner JWTs, ``Token`` for a user's
+    API token. ``timeout`` bounds each request (a long poll adds its wait).
+    """
+
+    def __init__(
+        self,
+        server: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        *,
+        scheme: str = "Bearer",
+        retry: RetryPolicy = DEFAULT_RETRY,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        parts = urllib.parse.urlsplit(server)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"server must be an http(s):// URL, not {server!r}")
+        self.server = server.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.scheme = scheme
+        self.retry = retry
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._inflight: set[http.client.HTTPConnection] = set()
+        self._aborted = False
+
+    # ------------------------------------------------------------ plumbing
+
+    def url(self, path: str) -> str:
+        """An API path (``/api/v1/...``) under the server root; an absolute URL is kept as it is."""
+        if urllib.parse.urlsplit(path).scheme:
+            return path
+        if path.startswith("/api/"):
+            return self.server + path
+        # A path the server handed out (an upload URL): resolve it like a browser would.
+        return urllib.parse.urljoin(self.server + "/", path)
+
+    def abort(self) -> None:
+        """Cut off abortable requests in flight (a parked long poll) and refuse new ones.
+
+        Safe to call from a signal handler: it only flips a flag and shuts
+        sockets down; the blocked call then fails with :class:`RequestAborted`.
+        """
+        self._aborted = True
+        with self._lock:
+            conns = list(self._inflight)
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        raw: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        query: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        auth: bool = True,
+        abortable: bool = False,
+    ) -> Response:
+        """Send one request, retrying transient failures per ``retry``; raise :class:`ApiError` on a refusal."""
+        policy = retry or self.retry
+        url = self.url(path)
+        if query:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode(query)
+        all_headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        payload = raw
+        if body is not None:
+            payload = json.dumps(body).encode()
+            all_headers["Content-Type"] = "application/json"
+        if auth and self.token:
+            all_headers["Authorization"] = f"{self.scheme} {self.token}"
+        all_headers.update(headers or {})
+
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = self._send(method, url, payload, all_headers, timeout or self.timeout, abortable)
+            except ApiError as exc:
+                error: ApiError = exc
+                wait = None
+            else:
+                if resp.status < 400:
+                    return resp
+                error = _error_from(resp.status, resp.body)
+                wait = _retry_after(resp.headers) if resp.status == 429 else None
+            if isinstance(error, RequestAborted) or not error.transient or attempt >= policy.attempts:
+                raise error
+            pause = wait if wait is not None else policy.delay(attempt)
+            if policy.deadline is not None:
+                left = policy.deadline - (time.monotonic() - started)
+                if left <= 0:
+                    raise error
+                pause = min(pause, left)
+            self._sleep(pause)
+            if self._aborted and abortable:
+                raise RequestAborted()
+
+    def _send(
+        self, method: str, url: str, payload: bytes | None, headers: dict[str, str], timeout: float, abortable: bool
+    ) -> Response:
+        if abortable and self._aborted:
+            raise RequestAborted()
+        parts = urllib.parse.urlsplit(url)
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                parts.hostname or "", parts.port, timeout=timeout, context=ssl.create_default_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+        target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+        if abortable:
+            with self._lock:
+                self._inflight.add(conn)
+        try:
+            conn.request(method, target, body=payload, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            return Response(resp.status, {k: v for k, v in resp.getheaders()}, data)
+        except (OSError, http.client.HTTPException) as exc:
+            if abortable and self._aborted:
+                raise RequestAborted() from exc
+            raise ServerUnreachable(f"{method} {parts.path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if abortable:
+                with self._lock:
+                    self._inflight.discard(conn)
+            conn.close()
+
+    # ------------------------------------------------------------ runner group (group JWT)
+
+    def poll(self, wait: float = 0) -> Claim | None:
+        """Claim a run, holding the request up to ``wait`` s until one arrives; None when there is none.
+
+        Not retried here: the coordinator backs off between polls itself. A
+        lost answer costs nothing but a lease (the run returns to pending).
+        """
+        resp = self.request(
+            "GET",
+            "/api/v1/runner-groups/poll",
+            query={"wait": f"{wait:g}"},
+            retry=NO_RETRY,
+            timeout=wait + self.timeout,
+            abortable=True,
+        )
+        if resp.status == 204:
+            return None
+        data = resp.json()
+        return Claim(
+            run_id=str(data["run_id"]),
+            runner_id=str(data["runner_id"]),
+            runner_token=str(data["runner_token"]),
+            assigned_expires_at=str(data["assigned_expires_at"]),
+        )
+
+    def dispatch_failed(self, *, run_id: str, runner_id: str, error: str) -> None:
+        self.request(
+            "POST",
+            "/api/v1/runner-groups/dispatch-failed",
+            body={"run_id": run_id, "runner_id": runner_id, "error": error[:4000]},
+        )
+
+    # ------------------------------------------------------------ runner (runner JWT)
+
+    def ready(self, runner_id: str, retry: RetryPolicy = READY_RETRY, **metadata: Any) -> None:
+        self.request("POST", f"/api/v1/runners/{runner_id}/ready", body=metadata, retry=retry)
+
+    def accept(self, run_id: str) -> dict[str, Any]:
+        """The RunContext. A retry after a lost answer is answered 409 ``accept_response_undeliverable``."""
+        data = self.request("POST", f"/api/v1/runs/{run_id}/accept").json()
+        assert isinstance(data, dict)
+        return data
+
+    def status(self, run_id: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
+        data = self.request("GET", f"/api/v1/runs/{run_id}/status", retry=retry).json()
+        assert isinstance(data, dict)
+        return data
+
+    def acknowledge_cancel(self, run_id: str) -> None:
+        self.request("POST", f"/api/v1/runs/{run_id}/acknowledging-cancel")
+
+    def live_push(self, run_id: str, *, chunk_index: int, sealed_chunks: int, data: str) -> None:
+        """Best effort: one try; the next tick pushes a fresher snapshot anyway."""
+        self.request(
+            "POST",
+            f"/api/v1/runs/{run_id}/logs/live",
+            body={"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "data": data},
+            retry=NO_RETRY,
+        )
+
+    def chunk_upload(self, run_id: str, index: int, *, sha256: str, size: int) -> Upload:
+        data = self.request(
+            "POST", f"/api/v1/runs/{run_id}/logs/chunks/{index}", body={"sha256": sha256, "size": size}
+        ).json()
+        return Upload(
+            url=str(data["url"]),
+            method=str(data.get("method") or "PUT"),
+            headers={str(k): str(v) for k, v in (data.get("headers") or {}).items()},
+        )
+
+    def put_chunk(self, upload: Upload, data: bytes, retry: RetryPolicy | None = None) -> None:
+        """PUT the gzip bytes where ``upload`` says; never with our token (S3 would refuse a second auth)."""
+        self.request(upload.method, upload.url, raw=data, headers=upload.headers, auth=False, retry=retry)
+
+    def done(
+        self,
+        run_id: str,
+        *,
+        outcome: str,
+        exit_code: int | None,
+        sealed_chunks: int,
+        manifest: dict[str, Any],
+        error: str = "",
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        body: dict[str, Any] = {
+            "outcome": outcome,
+            "exit_code": exit_code,
+            "sealed_chunks": sealed_chunks,
+            "manifest": manifest,
+        }
+        if error:
+            body["error"] = error[:4000]
+        self.request("POST", f"/api/v1/runs/{run_id}/done", body=body, retry=retry)
+
+    def deregister(self, runner_id: str, retry: RetryPolicy | None = None) -> None:
+        self.request("DELETE", f"/api/v1/runners/{runner_id}/deregister", retry=retry)
+
+    # ------------------------------------------------------------ users (API token; scheme="Token")
+
+    def create_deployment(self, stack_id: int, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = self.request(
+            "POST", f"/api/v1/stacks/{stack_id}/deployments", body={"spec": spec} if spec else {}, retry=NO_RETRY
+        ).json()
+        assert isinstance(data, dict)
+        return data
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        data = self.request("GET", f"/api/v1/runs/{run_id}").json()
+        assert isinstance(data, dict)
+        return data
+
+    def cancel_run(self, run_id: str) -> dict[str, Any] | None:
+        data = self.request("POST", f"/api/v1/runs/{run_id}/cancel").json()
+        return data if isinstance(data, dict) else None
+
+    def run_logs(self, run_id: str, offset: int = 0) -> dict[str, Any]:
+        """``{text, next_offset, complete}`` from ``offset`` on (docs/logs.md)."""
+        data = self.request("GET", f"/api/v1/runs/{run_id}/logs", query={"offset": offset}).json()
+        assert isinstance(data, dict)
+        return data

@@ -1,0 +1,571 @@
+"""``python -m runners.ephemeral``: run one Gantry run, then go away.
+
+A launcher starts one of these per claimed run, with the server URL, the
+runner id, the run id and the runner token (in the environment: tokens never
+go on a command line, where ``ps`` shows them). It then:
+
+1. ``ready`` (idempotent; retried for up to 30 s);
+2. ``accept`` → the RunContext (a 409 ``run_already_terminal`` is benign:
+   deregister and exit 0; any other refusal: deregister and exit 1);
+3. runs each step as ``bash -c <run>`` in its own process group, in a fresh
+   work folder, with the spec's env, the stack's secrets and the run's API
+   token; stdout and stderr go, merged, into the run's log, which is shipped
+   as sealed gzip chunks plus a live snapshot every ``live_interval_s``;
+   alongside, a status poll every ``status_interval_s`` keeps the runner
+   alive on the server and notices cancellation;
+4. seals and uploads the rest of the log, reports ``done`` with the chunk
+   manifest, and deregisters.
+
+Exit codes (docs/runners.md): 0 the run succeeded, was cancelled, or was
+already over when this runner arrived; 1 the run failed (a step failed or
+timed out, the run was refused or lost); 2 the server refused this runner's
+credentials or configuration; 3 the server could not be reached; 4 an
+internal error of the runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from runners import logsetup
+from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable
+from runners.logbuf import LogBuffer, LogShipper, Manifest
+from runners.logsetup import event
+
+log = logging.getLogger("gantry.runner")
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_UNREACHABLE = 3
+EXIT_INTERNAL = 4
+# The shell's convention for "killed by timeout" (coreutils timeout(1)).
+EXIT_TIMEOUT = 124
+
+TERMINAL = frozenset({"succeeded", "failure", "cancelled", "discarded", "startup_timeout"})
+# What a step inherits from the runner's own environment; everything else
+# (the runner token above all) stays out.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+READ_BLOCK = 1 << 20
+# How the log explains why a step is being stopped.
+STOP_WORDS = {
+    "lost": "the run ended on the server without this runner",
+    "stopped": "the runner was told to stop (SIGTERM)",
+}
+# done is the run's result: worth insisting on for a while before giving up.
+DONE_RETRY = RetryPolicy(attempts=1000, base=1.0, cap=30.0, deadline=600.0)
+DEREGISTER_RETRY = RetryPolicy(attempts=6, base=0.5, cap=5.0, deadline=30.0)
+
+
+@dataclass
+class Config:
+    server: str
+    runner_id: str
+    run_id: str
+    token: str
+    work_dir: Path
+    launcher: str = ""
+    grace: float = 10.0
+    keep_work_dir: bool = False
+    exit_file: Path | None = None
+    timeout: float = 30.0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="python -m runners.ephemeral",
+        description="Run one Gantry run (ready, accept, steps, logs, done, deregister) and exit. "
+        "Normally started by a coordinator's launcher; every flag has an environment variable, "
+        "and the runner token is read from the environment only, so it never shows in ps.",
+        epilog="Exit codes: 0 succeeded, cancelled, or already over (benign); 1 the run failed or was refused; "
+        "2 credentials or configuration refused by the server; 3 server unreachable; 4 internal error.",
+    )
+    parser.add_argument("--server", default=env.get("GANTRY_SERVER"), help="service root URL [GANTRY_SERVER]")
+    parser.add_argument("--runner-id", default=env.get("GANTRY_RUNNER_ID"), help="[GANTRY_RUNNER_ID]")
+    parser.add_argument("--run-id", default=env.get("GANTRY_RUN_ID"), help="[GANTRY_RUN_ID]")
+    parser.add_argument(
+        "--work-dir",
+        default=env.get("GANTRY_WORK_DIR") or str(Path(tempfile.gettempdir()) / "gantry-work"),
+        help="parent of the run's fresh work folder <dir>/<run id> [GANTRY_WORK_DIR; default $TMPDIR/gantry-work]",
+    )
+    parser.add_argument("--launcher", default=env.get("GANTRY_LAUNCHER", ""), help="reported to the server on ready")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=float(env.get("GANTRY_STOP_GRACE") or 10),
+        help="seconds between SIGTERM and SIGKILL when a step is stopped [GANTRY_STOP_GRACE; default 10]",
+    )
+    parser.add_argument("--keep-work-dir", action="store_true", help="leave the work folder in place (debugging)")
+    parser.add_argument("--log-level", default=env.get("GANTRY_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    token = env.get("GANTRY_RUNNER_TOKEN", "")
+    missing = [
+        name
+        for name, value in (
+            ("--server / GANTRY_SERVER", args.server),
+            ("--runner-id / GANTRY_RUNNER_ID", args.runner_id),
+            ("--run-id / GANTRY_RUN_ID", args.run_id),
+            ("GANTRY_RUNNER_TOKEN", token),
+        )
+        if not value
+    ]
+    if missing:
+        parser.error("missing: " + ", ".join(missing))
+    logsetup.configure(args.log_level)
+    exit_file = env.get("GANTRY_EXIT_FILE")
+    return Config(
+        server=args.server,
+        runner_id=args.runner_id,
+        run_id=args.run_id,
+        token=token,
+        work_dir=Path(args.work_dir),
+        launcher=args.launcher,
+        grace=args.grace,
+        keep_work_dir=args.keep_work_dir,
+        exit_file=Path(exit_file) if exit_file else None,
+    )
+
+
+@dataclass
+class Result:
+    """How the run ended, as reported to /done."""
+
+    outcome: str  # succeeded | failure | cancelled
+    exit_code: int | None
+    error: str = ""
+
+
+class RunLost(Exception):
+    """The server no longer lets this runner report: the run ended without it, or the runner row is gone."""
+
+
+class EphemeralRunner:
+    def __init__(self, cfg: Config, client: GantryClient | None = None) -> None:
+        self.cfg = cfg
+        self.client = client or GantryClient(cfg.server, cfg.token, timeout=cfg.timeout)
+        self.run_id = cfg.run_id
+        self._cancel = threading.Event()  # the server asked for cancellation
+        self._stop = threading.Event()  # we were told to stop (SIGTERM)
+        self._lost = threading.Event()  # the server says the run is over without us
+        self._lost_reason = ""
+        self._done = threading.Event()  # ends the status thread
+        self._wake = threading.Event()  # something the step loop must look at happened
+        self._acked = False
+        self.buf: LogBuffer | None = None
+        self.shipper: LogShipper | None = None
+        self._last_byte = b"\n"
+
+    # ------------------------------------------------------------ entry
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        started = time.monotonic()
+        code = self._run()
+        event(log, "runner.exit", "runner exits with %d after %.1fs", code, time.monotonic() - started,
+              run_id=self.run_id, exit_code=code)  # fmt: skip
+        return code
+
+    def _run(self) -> int:
+        cfg = self.cfg
+        try:
+            self.client.ready(cfg.runner_id, hostname=socket.gethostname(), launcher=cfg.launcher, pid=os.getpid())
+        except ServerUnreachable as exc:
+            return self._fault("runner.unreachable", f"ready: {exc}", EXIT_UNREACHABLE)
+        except ApiError as exc:
+            code = EXIT_UNREACHABLE if exc.transient else EXIT_REFUSED
+            return self._fault("runner.refused", f"ready refused: {exc}", code)
+        event(log, "runner.ready", "runner %s ready", cfg.runner_id, run_id=self.run_id, runner_id=cfg.runner_id)
+
+        try:
+            context = self.client.accept(self.run_id)
+        except ApiError as exc:
+            return self._accept_refused(exc)
+        event(log, "run.accepted", "accepted run %s", self.run_id, run_id=self.run_id)
+
+        try:
+            result = self._execute(context)
+        except RunLost as exc:
+            event(log, "run.lost", "run %s ended without this runner: %s", self.run_id, exc,
+                  level=logging.WARNING, run_id=self.run_id)  # fmt: skip
+            if self.shipper is not None:
+                self.shipper.finish(timeout=10)  # whatever storage still takes; no /done
+            self._deregister()
+            return EXIT_RUN_FAILED
+        code = self._report(result)
+        self._deregister()
+        return code
+
+    def _fault(self, name: str, message: str, code: int) -> int:
+        event(log, name, message, level=logging.ERROR, run_id=self.run_id)
+        return code
+
+    def _accept_refused(self, exc: ApiError) -> int:
+        if exc.code == "run_already_terminal":
+            # Skipped or cancelled while we booted: someone's decision, not a fault.
+            event(log, "run.already_terminal", "run %s is already over (%s); nothing to do", self.run_id,
+                  exc.detail, run_id=self.run_id)  # fmt: skip
+            self._deregister()
+            return EXIT_OK
+        if isinstance(exc, ServerUnreachable) or exc.transient:
+            # The lease lapses and the run returns to pending for another runner.
+            return self._fault("runner.unreachable", f"accept: {exc}", EXIT_UNREACHABLE)
+        if exc.status == 409:
+            # accept_response_undeliverable (the server failed the run: our first
+            # accept's answer was lost) or a late arrival (lease lapsed, reassigned).
+            event(log, "run.accept_refused", "accept refused: %s", exc, level=logging.WARNING,
+                  run_id=self.run_id, code=exc.code)  # fmt: skip
+            self._deregister()
+            return EXIT_RUN_FAILED
+        self._deregister()
+        return self._fault("runner.refused", f"accept refused: {exc}", EXIT_REFUSED)
+
+    def _deregister(self) -> None:
+        try:
+            self.client.deregister(self.cfg.runner_id, retry=DEREGISTER_RETRY)
+            event(log, "runner.deregistered", "runner %s deregistered", self.cfg.runner_id, run_id=self.run_id)
+        except ApiError as exc:
+            if exc.status == 401:
+                return  # the row is gone already (a reaper or force-delete took it)
+            event(log, "runner.deregister_failed", "deregister failed: %s", exc, level=logging.WARNING,
+                  run_id=self.run_id)  # fmt: skip
+
+    # ------------------------------------------------------------ the run
+
+    def _execute(self, context: dict[str, Any]) -> Result:
+        spec = context.get("spec") or {}
+        logs = context.get("logs") or {}
+        self.buf = LogBuffer(
+            chunk_size=int(logs.get("chunk_size_bytes") or 1 << 20),
+            seal_interval=float(logs.get("seal_interval_s") or 30),
+            max_bytes=int(logs.get("max_bytes") or 256 << 20),
+        )
+        self.shipper = LogShipper(
+            self.client, self.run_id, self.buf, live_interval=float(logs.get("live_interval_s") or 2)
+        )
+        self.shipper.start()
+        status_interval = float(context.get("status_interval_s") or 5)
+        poller = threading.Thread(target=self._status_loop, args=(status_interval,), name="status", daemon=True)
+        poller.start()
+
+        work = self.cfg.work_dir / self.run_id
+        shutil.rmtree(work, ignore_errors=True)  # fresh: never a previous attempt's leftovers
+        work.mkdir(parents=True, mode=0o700)
+        try:
+            env = self._step_env(context, work)
+            return self._run_steps(spec, env, work)
+        finally:
+            self._done.set()
+            if not self.cfg.keep_work_dir:
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _step_env(self, context: dict[str, Any], work: Path) -> dict[str, str]:
+        env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+        env.setdefault("PATH", DEFAULT_PATH)
+        env.update((context.get("spec") or {}).get("env") or {})
+        env.update(context.get("secrets") or {})
+        # Ours last: a spec cannot spoof the run's identity or token.
+        env.update(
+            {
+                "GANTRY_SERVER": self.cfg.server,
+                "GANTRY_RUN_ID": self.run_id,
+                "GANTRY_RUN_TOKEN": str(context.get("api_token") or ""),
+                "GANTRY_WORK_DIR": str(work),
+            }
+        )
+        return env
+
+    def _run_steps(self, spec: dict[str, Any], env: dict[str, str], work: Path) -> Result:
+        steps = spec.get("steps") or []
+        timeout = float(spec.get("timeout_seconds") or 3600)
+        deadline = time.monotonic() + timeout
+        for number, step in enumerate(steps, 1):
+            reason = self._reason_to_stop(deadline)
+            if reason is not None:
+                self._write(f"[gantry: {STOP_WORDS.get(reason, reason)}; remaining steps skipped]\n".encode())
+                return self._interrupted(reason, None, timeout)
+            label = f"[{number}/{len(steps)}] {step.get('name', '')}"
+            self._write(f"==> {label}\n".encode())
+            event(log, "step.started", "step %s started", label, run_id=self.run_id, step=number)
+            began = time.monotonic()
+            code, why = self._run_step(str(step["run"]), env, work, deadline)
+            took = time.monotonic() - began
+            event(log, "step.finished", "step %s: %s, exit code %s", label, why, code, run_id=self.run_id,
+                  step=number, exit_code=code, seconds=round(took, 3))  # fmt: skip
+            if why == "exited":
+                self._write(f"==> {label}: exit code {code} ({took:.1f}s)\n".encode())
+                if code != 0:
+                    return Result("failure", code, f"step {number} ({step.get('name', '')}) exited with code {code}")
+                continue
+            self._write(f"==> {label}: {why} after {took:.1f}s (exit code {code})\n".encode())
+            return self._interrupted(why, code, timeout)
+        return Result("succeeded", 0)
+
+    def _interrupted(self, why: str, code: int | None, timeout: float) -> Result:
+        if why == "lost":
+            raise RunLost(self._lost_reason)
+        if why == "cancelled":
+            return Result("cancelled", code, "cancelled on request")
+        if why == "timed out":
+            return Result("failure", EXIT_TIMEOUT, f"timed out after {timeout:g}s (the spec's timeout_seconds)")
+        return Result("failure", code, "the runner was stopped (SIGTERM) before the run finished")
+
+    def _run_step(self, command: str, env: dict[str, str], work: Path, deadline: float) -> tuple[int, str]:
+        """Run one step; answer (exit code, why it ended: exited | cancelled | timed out | stopped | lost)."""
+        shell = shutil.which("bash") or "/bin/sh"
+        proc = subprocess.Popen(
+            [shell, "-c", command],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            # Its own process group (not a new session): signals reach the
+            # whole step, and the step stays in the runner's session, where
+            # the local launcher can sweep it up if the runner is killed.
+            process_group=0,
+            close_fds=True,
+        )
+        assert proc.stdout is not None
+        reader = threading.Thread(target=self._pump, args=(proc.stdout,), name="step-output", daemon=True)
+        reader.start()
+        exited = threading.Event()
+        threading.Thread(target=self._await_exit, args=(proc.pid, exited), name="step-wait", daemon=True).start()
+        why = "exited"
+        while not exited.is_set():
+            reason = self._reason_to_stop(deadline)
+            if reason is not None:
+                why = reason
+                self._stop_group(proc.pid, exited, reason)
+                break
+            self._wake.wait(min(0.5, max(0.01, deadline - time.monotonic())))
+            self._wake.clear()
+        # The step is over: whatever it left running in its group goes with it
+        # (and releases the pipe, so the reader reaches end of file). The
+        # leader is not reaped yet, so its pid, the group's id, cannot have
+        # been reused by an unrelated process.
+        self._killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+        reader.join(timeout=10)
+        if reader.is_alive():
+            event(log, "step.output_open", "a process that left the step's group still holds its output; "
+                  "its further output is ignored", level=logging.WARNING, run_id=self.run_id)  # fmt: skip
+        else:
+            proc.stdout.close()
+        if why == "timed out":
+            code = EXIT_TIMEOUT
+        # A death by signal reads as a negative code: report it the shell's way.
+        return (128 - code if code < 0 else code), why
+
+    def _await_exit(self, pid: int, exited: threading.Event) -> None:
+        """Block until the step's leader exits, without reaping it (WNOWAIT), then wake the main loop."""
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        exited.set()
+        self._wake.set()
+
+    def _pump(self, pipe: IO[bytes]) -> None:
+        """Copy the step's output into the log in large blocks: no per-line work on this path."""
+        fd = pipe.fileno()
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, READ_BLOCK)  # fewer, larger reads (Linux)
+        assert self.buf is not None
+        try:
+            while True:
+                data = os.read(fd, READ_BLOCK)
+                if not data:
+                    return
+                self._last_byte = data[-1:]
+                self.buf.write(data)
+        except (OSError, ValueError):
+            return  # the pipe was closed under us, or the log is closed: the step is over
+
+    def _write(self, line: bytes) -> None:
+        """A line of the runner's own (headers, footers, notices), on a line of its own."""
+        assert self.buf is not None
+        if self._last_byte != b"\n":
+            line = b"\n" + line
+        self._last_byte = line[-1:]
+        self.buf.write(line)
+
+    def _reason_to_stop(self, deadline: float) -> str | None:
+        if self._lost.is_set():
+            return "lost"
+        if self._cancel.is_set():
+            return "cancelled"
+        if self._stop.is_set():
+            return "stopped"
+        if time.monotonic() >= deadline:
+            return "timed out"
+        return None
+
+    def _stop_group(self, pgid: int, exited: threading.Event, reason: str) -> None:
+        """SIGTERM the step's process group; the caller SIGKILLs what is left after the grace period."""
+        said = STOP_WORDS.get(reason, reason)
+        self._write(f"[gantry: {said}; stopping the step (SIGTERM, SIGKILL after {self.cfg.grace:g}s)]\n".encode())
+        self._killpg(pgid, signal.SIGTERM)
+        if reason == "cancelled":
+            self._acknowledge_cancel()
+        limit = time.monotonic() + self.cfg.grace
+        while time.monotonic() < limit and _group_has_live_members(pgid):
+            time.sleep(0.05)
+
+    @staticmethod
+    def _killpg(pgid: int, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signum)
+
+    def _acknowledge_cancel(self) -> None:
+        if self._acked:
+            return
+        try:
+            self.client.acknowledge_cancel(self.run_id)
+            self._acked = True
+            event(log, "run.cancel_acknowledged", "cancellation acknowledged", run_id=self.run_id)
+        except ApiError as exc:
+            event(log, "run.cancel_ack_failed", "acknowledging-cancel failed: %s", exc, level=logging.WARNING,
+                  run_id=self.run_id)  # fmt: skip
+
+    # ------------------------------------------------------------ status poll
+
+    def _status_loop(self, interval: float) -> None:
+        policy = RetryPolicy(attempts=3, base=0.5, cap=2.0)
+        while not self._done.wait(interval):
+            try:
+                answer = self.client.status(self.run_id, retry=policy)
+            except ApiError as exc:
+                if exc.status in (401, 403, 404):
+                    self._mark_lost(f"status refused: {exc}")
+                    return
+                event(log, "run.status_failed", "status poll failed: %s", exc, level=logging.WARNING,
+                      run_id=self.run_id)  # fmt: skip
+                continue
+            status = str(answer.get("status"))
+            if answer.get("cancel_requested") and not self._cancel.is_set():
+                event(log, "run.cancel_requested", "cancellation requested", run_id=self.run_id)
+                self._cancel.set()
+                self._wake.set()
+            if status in TERMINAL:
+                self._mark_lost(f"the run is {status}")
+                return
+
+    def _mark_lost(self, reason: str) -> None:
+        self._lost_reason = reason
+        self._lost.set()
+        self._wake.set()
+
+    # ------------------------------------------------------------ the end
+
+    def _report(self, result: Result) -> int:
+        assert self.shipper is not None
+        assert self.buf is not None
+        shipped_from = time.monotonic()
+        manifest: Manifest = self.shipper.finish()
+        event(log, "log.shipped", "log: %d bytes in %d chunks (%d stored) in %.1fs", self.buf.recorded,
+              manifest.count, manifest.uploaded, time.monotonic() - shipped_from, run_id=self.run_id,
+              bytes=self.buf.recorded, chunks=manifest.count, stored=manifest.uploaded,
+              live_pushes=self.shipper.live_pushes)  # fmt: skip
+        if self._lost.is_set():
+            event(log, "run.lost", "not reporting done: %s", self._lost_reason, level=logging.WARNING,
+                  run_id=self.run_id)  # fmt: skip
+            return EXIT_RUN_FAILED
+        if result.outcome == "cancelled":
+            self._acknowledge_cancel()
+        try:
+            self.client.done(
+                self.run_id,
+                outcome=result.outcome,
+                exit_code=result.exit_code,
+                sealed_chunks=manifest.count,
+                manifest=manifest.as_dict(),
+                error=result.error,
+                retry=DONE_RETRY,
+            )
+        except ApiError as exc:
+            level = EXIT_UNREACHABLE if exc.transient else EXIT_RUN_FAILED
+            return self._fault("run.done_failed", f"done refused: {exc}", level)
+        event(log, "run.done", "run %s: %s (exit code %s)", self.run_id, result.outcome, result.exit_code,
+              run_id=self.run_id, outcome=result.outcome, exit_code=result.exit_code)  # fmt: skip
+        return EXIT_OK if result.outcome in ("succeeded", "cancelled") else EXIT_RUN_FAILED
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies waiting to be reaped do not count)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        entries = []
+    if not entries:  # no /proc (not Linux): ask the kernel, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp.
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def _write_exit_file(path: Path | None, code: int) -> None:
+    """Tell the launcher how we ended (it cannot wait() for a process it did not start, after a restart)."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{code}\n")
+        tmp.replace(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    # Nothing we start may inherit the runner's credential.
+    os.environ.pop("GANTRY_RUNNER_TOKEN", None)
+    runner = EphemeralRunner(cfg)
+    runner.install_signal_handlers()
+    try:
+        code = runner.run()
+    except Exception:
+        log.exception("internal error", extra={"event": "runner.crashed", "run_id": cfg.run_id})
+        code = EXIT_INTERNAL
+    _write_exit_file(cfg.exit_file, code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
