@@ -1,42 +1,59 @@
-"""Poll-claim benchmark: the real ``gantry.dispatch.claim.claim()`` against a big pending backlog.
+"""Poll-claim benchmark: the real ``gantry.dispatch.claim.claim()`` against big pending backlogs.
 
-Usage::
+Usage (from the repository root, with the virtualenv)::
 
     python -m tests.bench.poll_claim [--sizes 1000,100000,1000000] [--seconds 10] [--pollers 1,8]
-                                     [--shapes all,adversarial] [--matching-selectors 4]
+                                     [--shapes all,adversarial] [--matching-selectors 4] [--no-variants]
 
 ``DATABASE_URL`` names the database (default
 ``postgres://postgres@127.0.0.1:5432/gantry_bench``); it is created when missing
-and migrated. Its Gantry tables are TRUNCATEd for every case: never point this
-at a database whose data you want to keep.
+and migrated. Its Gantry tables are TRUNCATEd at the start: never point this at
+a database whose data you want to keep. ``REDIS_URL`` defaults to
+``redis://127.0.0.1:6379/13`` (the throttle's buckets; the bench's orgs have a
+budget they never exhaust, so every won claim makes its Redis call and none is
+refused). A full run takes 20-30 minutes. Results and their reading are in
+docs/performance.md. It is a measurement, not a test: it exits 0 either way.
 
-What it does, per backlog size N and shape:
+What it does:
 
-1. Loads N pending runs with set-based SQL (one INSERT ... SELECT over
-   ``generate_series`` for stacks, deployments and runs; one stack and one
-   deployment per run, because a stack holds at most one live run), then
-   VACUUM ANALYZE. Shapes: ``all`` — every run matches the polling group;
+1. Loads, for every size N and shape, a fresh org with one polling group and
+   N pending runs, with set-based SQL (one INSERT ... SELECT over
+   ``generate_series`` writes the stacks, deployments and runs; one stack and
+   one deployment per run, because a stack holds at most one live run; run's
+   secondary indexes are dropped for the load and rebuilt once), then VACUUM
+   ANALYZE. Shapes: ``all`` — every run matches the group;
    ``adversarial`` — the oldest 99% carry selectors the group lacks (16
-   distinct ones), the newest 1% match.
-2. Claims through ``claim(group=...)`` for ``--seconds`` of timed work with 1
-   and 8 concurrent pollers (threads, one Django connection each, all polling
-   the same group), timing each call with ``time.perf_counter``. Claims consume
-   the matching pool (only 10 runs at 1k adversarial), so the work runs in
-   batches of at most "matching runs left" claims; between batches, outside
-   the timed region, the group's stub runners are deleted and the claimed runs
-   set back to pending (``first_pending_at`` kept). A batch never attempts
-   more claims than there are matching runs, so every ``None`` it gets is an
-   empty answer while work existed; each is confirmed with a count of
-   claimable matching runs after the batch and reported as a false empty.
-3. Measures the floor in the same database: ``UPDATE bench_floor SET n = n + 1
-   WHERE id = k`` in autocommit through the same Django cursor path, 1 thread
-   and 8 threads (8 rows), once per size.
-4. Prints the results table, an EXPLAIN (ANALYZE, BUFFERS) of the claim
-   statement at the largest adversarial backlog (rolled back), and the targets
-   with PASS/FAIL. It is a measurement, not a test: it exits 0 either way.
+   distinct ones), the newest 1% match. Matching runs are spread over
+   ``--matching-selectors`` selectors the group satisfies.
+2. Claims through ``claim(group=...)`` with 1 and 8 concurrent pollers
+   (threads, one Django connection each, all polling the case's one group),
+   ``--seconds`` of timed claims per case, timing every call with
+   ``time.perf_counter``. Claims consume the matching pool (10 runs at 1k
+   adversarial), so they run in batches of at most "matching runs left"
+   attempts; between batches, outside the timed region, the group's stub
+   runners are deleted and the claimed runs set back to pending
+   (``first_pending_at`` kept). Since a batch never attempts more claims than
+   there are matching runs, a ``None`` is an empty answer while work existed;
+   each is confirmed by counting claimable matching runs and reported as a
+   false empty.
+3. Measures the floor on the same database: ``UPDATE bench_floor SET n = n + 1
+   WHERE id = k`` in autocommit through the same Django cursor path, with as
+   many threads as pollers (8 threads on 8 rows). Floor slices alternate with
+   claim slices, and the slices rotate over all cases and claim variants, so
+   sizes, variants and the floor compare with each other even while other
+   work shares the machine. CPU time per call is recorded on both sides of the connection
+   (polling threads, and their PostgreSQL backends via /proc) as a
+   load-independent figure.
+4. Measures the same way some variants of the claim statement (labelled
+   "variant: ..."; not the code under test): copies of the SQL run through a
+   copy of claim()'s transaction, each changed in one respect, to size the
+   changes docs/performance.md proposes.
+5. Prints the table, the three targets with PASS/FAIL, and EXPLAIN (ANALYZE,
+   BUFFERS) of the claim at the largest adversarial backlog (rolled back),
+   beside the proposed variant's cached plan.
 
-Rounds start from a vacuumed table (as after an autovacuum pass); dead tuples
-made by the round's own claims stay in for the rest of the round.
+The run table is vacuumed before each rotation (as an autovacuum pass would);
+dead tuples made by the rotation's claims stay for the rest of it.
 """
 
 from __future__ import annotations
@@ -74,6 +91,10 @@ NON_MATCHING: list[dict[str, str]] = [{"os": "mac", "v": f"k{i}"} for i in range
 SHAPES = ("all", "adversarial")
 # A group that never fills: stub runners pile up (one per claim) during a round.
 HUGE_CAPACITY = 2_000_000_000
+BENCH_RUNS_PER_HOUR = 100_000_000
+# The throttle's buckets live in Redis; a database of their own keeps the
+# bench's org ids away from those of anything else sharing the server.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
 FLOOR_ROWS = 8
 # Claim slices and floor slices alternate, so both see the same background load.
 SLICE = 1.0
@@ -92,7 +113,7 @@ def _bootstrap(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gantry.settings")
     # Keep settings from starting the embedded servers or writing a key file.
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+    os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
     os.environ.setdefault("GANTRY_SECRET_KEY", "bench-" + "x" * 50)
     _ensure_database(url)
 
@@ -203,13 +224,16 @@ def _vacuum(*tables: str) -> float:
 
 
 def load_case(size: int, shape: str, matching_selectors: int) -> Case:
-    """Load ``size`` pending runs of ``shape`` for a fresh org with one polling group."""
-    from django.db import transaction
+    """Load ``size`` pending runs of ``shape`` for a fresh org with one polling group (inside load_all)."""
     from django.utils import timezone
 
     from gantry.core.models import Organization, RunnerGroup, RunSelector
 
-    org = Organization.objects.create(slug=f"bench-{size}-{shape}", name=f"bench {size} {shape}")
+    # A budget the bench never exhausts: claims go through the throttle (one
+    # Redis round trip each, as in production) and are never refused.
+    org = Organization.objects.create(
+        slug=f"bench-{size}-{shape}", name=f"bench {size} {shape}", runs_per_hour_limit=BENCH_RUNS_PER_HOUR
+    )
     group = RunnerGroup.objects.create(
         organization=org, name="bench", labels=GROUP_LABELS, max_concurrent_runs=HUGE_CAPACITY
     )
@@ -225,15 +249,48 @@ def load_case(size: int, shape: str, matching_selectors: int) -> Case:
         "base": timezone.now() - timedelta(days=1),
     }
     t0 = time.perf_counter()
-    with transaction.atomic():
-        # Bulk-load mode for this transaction only: no per-row FK checks or
-        # NOTIFY triggers (rows are consistent by construction), a sort that
-        # fits in memory.
-        _execute("SET LOCAL session_replication_role = replica")
-        _execute("SET LOCAL work_mem = '256MB'")
-        _execute(_LOAD_SQL, params)
+    _execute(_LOAD_SQL, params)
     print(f"  loaded {size:>9,} runs ({shape}, {pool:,} matching) in {time.perf_counter() - t0:6.1f} s", flush=True)
     return Case(size=size, shape=shape, group=group, matching_ids=match, pool=pool)
+
+
+# run's indexes that back no constraint (the pkey and the UNIQUE constraint stay).
+_SECONDARY_INDEXES_SQL = """
+SELECT indexname, indexdef FROM pg_indexes
+WHERE schemaname = current_schema() AND tablename = 'run'
+  AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = 'run'::regclass)
+"""
+
+
+def load_all(sizes: list[int], shapes: list[str], matching_selectors: int) -> list[Case]:
+    """Empty the Gantry tables and load every (size, shape) case, in one transaction.
+
+    Bulk-load mode, for this transaction only: no per-row FK checks or NOTIFY
+    triggers (rows are consistent by construction), sorts in memory, and run's
+    secondary indexes dropped during the inserts and rebuilt once at the end
+    (a sorted build is several times faster than a million insertions into
+    each of a dozen indexes; the rebuild also re-checks the partial unique
+    indexes). DDL is transactional: a failed load leaves the schema as it was.
+    """
+    from django.db import transaction
+
+    _truncate()
+    t0 = time.perf_counter()
+    with transaction.atomic():
+        _execute("SET LOCAL session_replication_role = replica")
+        _execute("SET LOCAL work_mem = '256MB'")
+        _execute("SET LOCAL maintenance_work_mem = '512MB'")
+        indexes = _execute(_SECONDARY_INDEXES_SQL)
+        for name, _ in indexes:
+            _execute(f'DROP INDEX "{name}"')
+        cases = [load_case(size, shape, matching_selectors) for size in sizes for shape in shapes]
+        t1 = time.perf_counter()
+        for _, definition in indexes:
+            _execute(definition)
+        print(f"  rebuilt run's {len(indexes)} secondary indexes in {time.perf_counter() - t1:.1f} s", flush=True)
+    vacuum_s = _vacuum("organization", "runner_group", "run_selector", "stack", "deployment", "run")
+    print(f"  vacuum analyze {vacuum_s:.1f} s; total {time.perf_counter() - t0:.1f} s", flush=True)
+    return cases
 
 
 # --------------------------------------------------------------------------- concurrency
@@ -427,73 +484,84 @@ def _floor_step(i: int) -> None:
 
 
 @dataclass
-class _Progress:
-    """One case's share of a measurement: its round and its matching pool."""
+class _Pool:
+    """A case's matching pool, shared by every claim function measured on the case."""
 
     case: Case
-    round: Round
-    left: int  # matching runs still pending (claims allowed before the next refill)
+    left: int  # matching runs still pending: claims allowed before the next refill
     claimed: list[uuid.UUID] = field(default_factory=list)
 
+    def refill(self) -> None:
+        _refill(self.case, self.claimed)
+        self.claimed.clear()
+        self.left = self.case.pool
 
-def measure(cases: list[Case], pollers: int, seconds: float, *, what: str, fn: ClaimFn) -> list[Round]:
-    """``seconds`` of timed claims per case by ``pollers`` threads polling the case's group.
 
-    Time is cut into slices that rotate over the cases, each claim slice
-    (``SLICE`` s) preceded by a floor slice (``FLOOR_SLICE`` s, same number of
-    threads): every case and its floor see the same mix of background load,
-    so sizes compare with each other and claims with the floor even on a
-    machine that is busy with other work.
+def measure(cases: list[Case], claimers: list[tuple[str, ClaimFn]], pollers: int, seconds: float) -> list[Round]:
+    """``seconds`` of timed claims for every (claim function, case) by ``pollers`` threads polling the case's group.
+
+    Time is cut into slices that rotate over every case and, within a case,
+    over every claim function; each claim slice (``SLICE`` s) is preceded by a
+    floor slice (``FLOOR_SLICE`` s, same number of threads). So every row and
+    its floor see the same mix of background load: sizes compare with each
+    other, variants with the real claim, and claims with the floor, even on a
+    machine that is busy with other work. The run table is vacuumed (outside
+    the timed region) before each rotation, as an autovacuum pass would.
     """
-    _vacuum("run", "runner", "runner_group", "run_event", "bench_floor")
-    current = [cases[0]]  # the case the claim crew works on in this slice
-    crew = Crew(pollers, lambda _i: fn(current[0].group))
+    current: list[tuple[ClaimFn, Case]] = [(claimers[0][1], cases[0])]  # what the claim crew runs now
+    crew = Crew(pollers, lambda _i: current[0][0](current[0][1].group))
     floor_crew = Crew(pollers, _floor_step)
-    progress = [_Progress(c, Round(what, c.size, c.shape, pollers), left=c.pool) for c in cases]
+    pools = [_Pool(c, left=c.pool) for c in cases]
+    rounds = {(what, i): Round(what, c.size, c.shape, pollers) for what, _ in claimers for i, c in enumerate(cases)}
     try:
-        # Warm-up (connections, caches, prepared plans), not counted.
+        # Warm-up (connections, caches, prepared plans past their first custom plans), not counted.
         floor_crew.batch(budget=100 * pollers, seconds=1.0)
-        for p in progress:
-            current[0] = p.case
-            warm = crew.batch(budget=min(p.case.pool, 20 * pollers), seconds=2.0)
-            _refill(p.case, [r for _, r in warm.calls if isinstance(r, uuid.UUID)])
-        while any(p.round.elapsed < seconds for p in progress):
-            for p in progress:
-                if p.round.elapsed >= seconds:
-                    continue
-                current[0] = p.case
-                _claim_slice(p, crew, floor_crew, seconds)
+        for pool in pools:
+            for _, fn in claimers:
+                current[0] = (fn, pool.case)
+                warm = crew.batch(budget=min(pool.case.pool, 10 * pollers), seconds=2.0)
+                pool.claimed.extend(r for _, r in warm.calls if isinstance(r, uuid.UUID))
+                pool.refill()
+        rotation = 0
+        while any(r.elapsed < seconds for r in rounds.values()):
+            rotation += 1
+            _vacuum("run", "runner", "runner_group", "run_event", "bench_floor")
+            for i, pool in enumerate(pools):
+                for what, fn in claimers:
+                    if rounds[(what, i)].elapsed < seconds:
+                        current[0] = (fn, pool.case)
+                        _claim_slice(pool, rounds[(what, i)], crew, floor_crew, seconds)
+            load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            print(f"  {pollers} poller(s): rotation {rotation} done, load average {load}", flush=True)
     finally:
         crew.close()
         floor_crew.close()
-        for p in progress:
-            _refill(p.case, p.claimed)
-    return [p.round for p in progress]
+        for pool in pools:
+            pool.refill()
+    return list(rounds.values())
 
 
-def _claim_slice(p: _Progress, crew: Crew, floor_crew: Crew, seconds: float) -> None:
-    r = p.round
+def _claim_slice(pool: _Pool, r: Round, crew: Crew, floor_crew: Crew, seconds: float) -> None:
+    """One floor slice, then claim batches on ``pool``'s case until ``r`` has had ``SLICE`` more timed seconds."""
     if r.floor is None:
         r.floor = Round("floor", r.size, r.shape, r.pollers)
     batch = floor_crew.batch(budget=sys.maxsize, seconds=FLOOR_SLICE)
     r.floor.add(batch, won=len(batch.calls))
     slice_end = min(seconds, r.elapsed + SLICE)
     while r.elapsed < slice_end:
-        if p.left == 0:
-            _refill(p.case, p.claimed)
-            p.claimed.clear()
-            p.left = p.case.pool
+        if pool.left == 0:
+            pool.refill()
             r.refills += 1
         # Never more attempts than matching runs: every None is an empty answer while work existed.
-        batch = crew.batch(budget=p.left, seconds=slice_end - r.elapsed)
+        batch = crew.batch(budget=pool.left, seconds=slice_end - r.elapsed)
         won = [x for _, x in batch.calls if isinstance(x, uuid.UUID)]
         r.add(batch, won=len(won))
-        p.claimed.extend(won)
-        p.left -= len(won)
+        pool.claimed.extend(won)
+        pool.left -= len(won)
         empty = len(batch.calls) - len(won)
         if empty:
             r.empties += empty
-            if _claimable_matching(p.case) > 0:  # confirmed: matching work is still pending
+            if _claimable_matching(pool.case) > 0:  # confirmed: matching work is still pending
                 r.false_empties += empty
 
 
@@ -583,18 +651,24 @@ def _ensure_prepared(stmt: Prepared) -> None:
 class Variant:
     name: str
     sql: str | Prepared
-    # True: run the statement on its own in autocommit (1 round trip instead of
-    # BEGIN, statement, COMMIT) — only possible if the throttle token is taken
-    # outside the claim's transaction (see docs/performance.md).
+    # True: the statement commits on its own (autocommit: one round trip instead
+    # of BEGIN, statement, COMMIT) and the throttle token is taken after the
+    # commit. A proposal, not today's contract (docs/performance.md, P3): the
+    # rare throttled claim would then have to hand its run back.
     autocommit: bool = False
 
     def claim(self) -> ClaimFn:
-        """A copy of claim(): same parameters, transaction, throttle seam and runner token; another statement."""
+        """A copy of claim()'s common path (a won, unthrottled claim) running another statement.
+
+        Same parameters, transaction, throttle call (one Redis round trip),
+        outcome metric and runner token as ``gantry.dispatch.claim.claim``.
+        """
         from django.db import connection, transaction
         from django.utils import timezone
 
         from gantry import conf
         from gantry.core import tokens
+        from gantry.dispatch import throttle
         from gantry.dispatch.claim import _consume_dispatch_token
 
         sql = self.sql
@@ -621,16 +695,23 @@ class Variant:
                 row = execute(params)
                 if row is None:
                     return None
+                outcome = _consume_dispatch_token(organization_id=group.organization_id, now=now, **_rate(row))
             else:
                 with transaction.atomic():
                     row = execute(params)
                     if row is None:
                         return None
-                    _consume_dispatch_token(organization_id=group.organization_id, now=now)
+                    outcome = _consume_dispatch_token(organization_id=group.organization_id, now=now, **_rate(row))
+            throttle.record(outcome)
             tokens.mint_runner_token(runner_id=runner_id, run_id=row[0], group_id=group.id)
             return uuid.UUID(str(row[0]))
 
         return run
+
+
+def _rate(row: tuple[Any, ...]) -> dict[str, Any]:
+    """The org's rate when the statement returns it beside the run id (it saves the throttle a query)."""
+    return {"runs_per_hour_limit": row[1]} if len(row) > 1 else {}
 
 
 def variants() -> list[Variant]:
@@ -719,6 +800,10 @@ def _print_table(rounds: list[Round]) -> None:
     )
 
 
+def _total_cpu(r: Round) -> float:
+    return r.cpu_ms("client") + r.cpu_ms("server")
+
+
 def _print_targets(rounds: list[Round]) -> None:
     """The three targets, for the real claim and (labelled "what if") for each variant."""
 
@@ -738,6 +823,10 @@ def _print_targets(rounds: list[Round]) -> None:
                 f"{big.pct_ms(0.5):.3f} / {small.pct_ms(0.5):.3f} ms = {growth:.2f} (≤ {TARGET_LATENCY_GROWTH}) "
                 f"{verdict(growth <= TARGET_LATENCY_GROWTH)}"
             )
+            print(
+                f"        (load-independent view: server CPU per claim {big.cpu_ms('server'):.3f} vs "
+                f"{small.cpu_ms('server'):.3f} ms = {big.cpu_ms('server') / small.cpu_ms('server'):.2f})"
+            )
         else:
             print("  (i)   needs the adversarial shape at two sizes or more, 1 poller")
         ratios = [(r.rate / r.floor.rate, r) for r in single if r.floor and r.floor.rate]
@@ -747,6 +836,12 @@ def _print_targets(rounds: list[Round]) -> None:
             print(
                 f"  (ii)  1-poller claims/s ÷ floor ≥ {TARGET_FLOOR_RATIO}: worst {worst:.2f} ({at.size:,} {at.shape}) "
                 f"{verdict(worst >= TARGET_FLOOR_RATIO)}\n        [{listing}]"
+            )
+            cpu = [(_total_cpu(r.floor) / _total_cpu(r), r) for _, r in ratios if r.floor]
+            print(
+                "        (load-independent view, floor CPU per update ÷ claim CPU per claim, client + server: "
+                + ", ".join(f"{r.size:,} {r.shape} {x:.2f}" for x, r in cpu)
+                + ")"
             )
         false_1 = sum(r.false_empties for r in single)
         many = sorted({r.pollers for r in mine if r.pollers > 1})
@@ -783,6 +878,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"database {parts.hostname}:{parts.port or 5432}/{unquote(parts.path.lstrip('/'))}")
     for note in _server_notes():
         print(note)
+    from gantry import conf
+
+    limiter = "on" if conf.get().rate_limit_enabled else "off"
+    print(f"throttle: rate limit {limiter}, REDIS_URL {os.environ['REDIS_URL']}")
     print(
         f"sizes {args.sizes}, shapes {args.shapes}, pollers {args.pollers}, {args.seconds:g} s per round, "
         f"{args.matching_selectors} matching selectors\n",
@@ -797,28 +896,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds: list[Round] = []
     explains: dict[str, list[str]] = {}
     print("loading (one org per size and shape)", flush=True)
-    _truncate()
-    cases = [load_case(size, shape, args.matching_selectors) for size in args.sizes for shape in args.shapes]
-    vacuum_s = _vacuum("organization", "runner_group", "run_selector", "stack", "deployment", "run")
-    print(f"  vacuum analyze: {vacuum_s:.1f} s", flush=True)
+    cases = load_all(args.sizes, args.shapes, args.matching_selectors)
     biggest = next((c for c in reversed(cases) if c.shape == "adversarial" and c.size == max(args.sizes)), None)
     if biggest is not None:
         explains["claim, as claim.py sends it"] = explain_claim(biggest, _CLAIM_SQL)
         if proposal is not None:
             explains[proposal.name] = explain_claim(biggest, proposal.sql)
-    for variant in measured:
-        what, fn = ("claim", real_claim) if variant is None else (variant.name, variant.claim())
-        for pollers in args.pollers:
-            print(f"{what}, {pollers} poller(s)", flush=True)
-            for r in measure(cases, pollers, args.seconds, what=what, fn=fn):
-                rounds.append(r)
-                floor_rate = r.floor.rate if r.floor else math.nan
-                print(
-                    f"  {r.size:>9,} {r.shape:<11} {r.rate:7,.0f}/s p50 {r.pct_ms(0.5):6.3f} ms "
-                    f"p99 {r.pct_ms(0.99):6.3f} ms, false empties {r.false_empties}; "
-                    f"floor {floor_rate:,.0f}/s, ratio {r.rate / floor_rate:.2f}",
-                    flush=True,
-                )
+    claimers: list[tuple[str, ClaimFn]] = [
+        ("claim", real_claim) if v is None else (v.name, v.claim()) for v in measured
+    ]
+    for pollers in args.pollers:
+        print(f"measuring, {pollers} poller(s)", flush=True)
+        for r in measure(cases, claimers, pollers, args.seconds):
+            rounds.append(r)
+            floor_rate = r.floor.rate if r.floor else math.nan
+            print(
+                f"  {r.size:>9,} {r.shape:<11} {r.what:<30} {r.rate:7,.0f}/s p50 {r.pct_ms(0.5):6.3f} ms "
+                f"p99 {r.pct_ms(0.99):6.3f} ms, false empties {r.false_empties}; "
+                f"floor {floor_rate:,.0f}/s, ratio {r.rate / floor_rate:.2f}",
+                flush=True,
+            )
     order = {w: i for i, w in enumerate(dict.fromkeys(r.what for r in rounds))}
     rounds.sort(key=lambda r: (r.size, args.shapes.index(r.shape), order[r.what], r.pollers))
 
