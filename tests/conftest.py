@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -134,3 +136,19 @@ def _stop_longpoll_listener(django_db_setup: None) -> Iterator[None]:
     """
     yield
     longpoll.stop_listener()
+
+
+@pytest.fixture
+def claimable_listener() -> Iterator[psycopg.Connection]:
+    """A connection LISTENing on the channel parked long polls wake on."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as conn:
+        conn.execute("LISTEN gantry_claimable")
+        yield conn
+
+
+def drain_notifications(conn: psycopg.Connection) -> list[str]:
+    """The payloads (org ids) delivered within half a second."""
+    return [n.payload for n in conn.notifies(timeout=0.5)]

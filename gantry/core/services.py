@@ -500,6 +500,19 @@ def _lease_lapsed(run_id: uuid.UUID, now: datetime) -> dict[str, Any]:
     return {"assigned_expires_at__isnull": True} if expires is None else {"assigned_expires_at__lt": now}
 
 
+def _fail_executing_run(*, run_id: uuid.UUID, runner_id: uuid.UUID, reason: str, event: str, now: datetime) -> Run:
+    """Fail a run its runner was executing, guarded on that runner still holding it."""
+    return run_fail(
+        run_id=run_id,
+        reason=reason,
+        event=event,
+        expected=EXECUTING,
+        extra_filter={"assigned_runner_id": runner_id},
+        guard="the runner that holds it",
+        now=now,
+    )
+
+
 def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
     """A run that no runner ever started within the startup deadline.
 
@@ -846,13 +859,11 @@ def runner_fail_lost(
         run_id, status = held
         if status not in EXECUTING:
             return LostRunner(run_id=run_id, failed=False)  # finished, but the runner never deregistered
-        run_fail(
+        _fail_executing_run(
             run_id=run_id,
+            runner_id=runner_id,
             reason=f"runner lost: runner {runner_id} has not polled its run's status since {seen.isoformat()}",
             event="runner_lost",
-            expected=EXECUTING,
-            extra_filter={"assigned_runner_id": runner_id},
-            guard="the runner that holds it",
             now=now,
         )
     return LostRunner(run_id=run_id, failed=True)
@@ -916,13 +927,11 @@ def runner_force_delete(
         )
         if failed is not None:
             who = f" by {by.get_username()}" if by is not None else ""
-            run_fail(
+            _fail_executing_run(
                 run_id=failed,
+                runner_id=runner_id,
                 reason=f"runner {runner_id} was force-deleted{who} after being offline since {seen.isoformat()}",
                 event="force_deleted",
-                expected=EXECUTING,
-                extra_filter={"assigned_runner_id": runner_id},
-                guard="the runner that holds it",
                 now=now,
             )
         # The foreign key's SET NULL releases any run still pointing here. An

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -14,52 +13,40 @@ from gantry.core import services
 from gantry.core.models import Organization, Runner, RunnerGroup, Stack
 from gantry.dispatch.claim import claim
 
+from ..conftest import drain_notifications
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def listen() -> Iterator[psycopg.Connection]:
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute("LISTEN gantry_claimable")
-        yield conn
-
-
-def _drain(conn: psycopg.Connection) -> list[str]:
-    return [n.payload for n in conn.notifies(timeout=0.5)]
-
-
 def test_it_notifies_on_create_promote_lease_reset_and_release(
-    listen: psycopg.Connection, acme: Organization, group: RunnerGroup, stack: Stack
+    claimable_listener: psycopg.Connection, acme: Organization, group: RunnerGroup, stack: Stack
 ) -> None:
     org = str(acme.id)
     first = services.deployment_create(stack=stack).runs.get()
-    assert _drain(listen) == [org]  # created pending
+    assert drain_notifications(claimable_listener) == [org]  # created pending
     services.deployment_create(stack=stack)
-    assert _drain(listen) == []  # created queued: nothing to claim
+    assert drain_notifications(claimable_listener) == []  # created queued: nothing to claim
     claimed = claim(group=group)
     assert claimed is not None
     assert claimed.run_id == first.id
-    assert _drain(listen) == []  # assigned: nothing newly claimable
+    assert drain_notifications(claimable_listener) == []  # assigned: nothing newly claimable
     later = timezone.now() + timedelta(minutes=6)
     services.run_reset_lease(run_id=first.id, now=later)
     # Pending again, but the pointer still names a live runner: not claimable yet.
-    assert _drain(listen) == []
+    assert drain_notifications(claimable_listener) == []
     Runner.objects.filter(id=claimed.runner_id).delete()
     # The runner row went: the FK's SET NULL releases the run, and a slot frees up.
-    assert _drain(listen) == [org]
+    assert drain_notifications(claimable_listener) == [org]
     services.run_request_cancellation(run_id=first.id)
-    assert _drain(listen) == [org]  # the queued run was promoted
+    assert drain_notifications(claimable_listener) == [org]  # the queued run was promoted
 
 
 def test_it_notifies_once_per_org_for_a_set_based_change(
-    listen: psycopg.Connection, acme: Organization, group: RunnerGroup
+    claimable_listener: psycopg.Connection, acme: Organization, group: RunnerGroup
 ) -> None:
     spec = {"steps": [{"name": "a", "run": "true"}]}
     stacks = [services.stack_create(org=acme, name=f"s{i}", labels={}, spec=spec) for i in range(5)]
-    _drain(listen)
+    drain_notifications(claimable_listener)
     with connection.cursor() as cur:
         # Five runs made claimable by one statement (as a reaper would): one message.
         cur.execute(
@@ -76,4 +63,4 @@ def test_it_notifies_once_per_org_for_a_set_based_change(
             [acme.id, selector_id, [s.id for s in stacks]],
         )
         assert cur.rowcount == 5
-    assert _drain(listen) == [str(acme.id)]
+    assert drain_notifications(claimable_listener) == [str(acme.id)]
