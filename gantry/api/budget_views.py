@@ -13,7 +13,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gantry.api.views import UserView, _errors, org_for
+from gantry.api.serializers import error_responses
+from gantry.api.views import UserView, org_for
 from gantry.dispatch import throttle
 
 
@@ -50,7 +51,7 @@ class DispatchBudgetSerializer(serializers.Serializer):
 class DispatchBudgetView(UserView):
     @extend_schema(
         operation_id="orgs_dispatch_budget",
-        responses={200: DispatchBudgetSerializer, **_errors(401, 403, 404)},
+        responses={200: DispatchBudgetSerializer, **error_responses(401, 403, 404)},
         description="The org's dispatch budget (org member): rate, burst, runs that may dispatch now, whether the "
         "org is throttled and when its next run may go. Reading it consumes nothing.",
     )

@@ -12,25 +12,26 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gantry.api.serializers import ErrorSerializer
+from gantry.api.serializers import error_responses
 from gantry.api.views import UserView, scoped
 from gantry.core.models import TERMINAL, Run, Runner, RunnerGroup
 from gantry.reapers import reapers
 
+_ADMIN_ERRORS = {
+    401: "no or invalid credentials",
+    403: "not a user token, or not an admin of the runner's organization",
+    404: "not found (or not yours)",
+    409: "runner_not_offline: the runner has not been offline for GANTRY_RUNNER_FORCE_GATE yet",
+}
+
 
 def _errors(*codes: int) -> dict[int, Any]:
-    text = {
-        401: "no or invalid credentials",
-        403: "not a user token, or not an admin of the runner's organization",
-        404: "not found (or not yours)",
-        409: "runner_not_offline: the runner has not been offline for GANTRY_RUNNER_FORCE_GATE yet",
-    }
-    return {code: OpenApiResponse(ErrorSerializer, description=text[code]) for code in codes}
+    return error_responses(*codes, texts=_ADMIN_ERRORS)
 
 
 class RunnerSerializer(serializers.ModelSerializer):

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from gantry import conf
 from gantry.api.auth import GroupPrincipal, IsRunner, IsRunnerGroup, RunnerPrincipal
-from gantry.api.serializers import ErrorSerializer, SpecSerializer
+from gantry.api.serializers import SpecSerializer, error_responses
 from gantry.core import services
 from gantry.core.errors import Forbidden, InvalidRequest
 from gantry.core.models import RunStatus
@@ -27,16 +27,16 @@ from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 
+_RUNNER_ERRORS = {
+    401: "no, invalid or revoked token",
+    403: "wrong token type, or a runner token used for another run or runner",
+    404: "not found",
+    409: "the run or runner is not in a state that allows this; see `code` and `detail`",
+}
+
 
 def _errors(*codes: int) -> dict[int, Any]:
-    text = {
-        400: "invalid request",
-        401: "no, invalid or revoked token",
-        403: "wrong token type, or a runner token used for another run or runner",
-        404: "not found",
-        409: "the run or runner is not in a state that allows this; see `code` and `detail`",
-    }
-    return {code: OpenApiResponse(ErrorSerializer, description=text[code]) for code in codes}
+    return error_responses(*codes, texts=_RUNNER_ERRORS)
 
 
 def _group(request: Request) -> GroupPrincipal:

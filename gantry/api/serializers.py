@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
 from gantry.core.models import Deployment, GroupKind, Organization, Role, Run, RunEvent, RunnerGroup, Stack
@@ -17,6 +18,21 @@ from gantry.core.models import Deployment, GroupKind, Organization, Role, Run, R
 class ErrorSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="Machine-readable error code; part of the contract.")
     detail = serializers.CharField(help_text="What went wrong, for a person.")
+
+
+_ERROR_TEXT = {
+    400: "invalid request",
+    401: "no or invalid credentials",
+    403: "wrong token type or role",
+    404: "not found (or not yours)",
+    409: "the object's state refuses this; see `code` and `detail`",
+}
+
+
+def error_responses(*codes: int, texts: dict[int, str] | None = None) -> dict[int, OpenApiResponse]:
+    """The OpenAPI entries for a route's error answers; ``texts`` words them for the route family."""
+    wording = {**_ERROR_TEXT, **(texts or {})}
+    return {code: OpenApiResponse(ErrorSerializer, description=wording[code]) for code in codes}
 
 
 class OrganizationSerializer(serializers.ModelSerializer):

@@ -24,19 +24,11 @@ from gantry.core import services
 from gantry.core.errors import Forbidden, NotFound
 from gantry.core.models import Deployment, Membership, Organization, Role, Run, RunnerGroup, Stack
 
-E = s.ErrorSerializer
 M = TypeVar("M", bound=Model)
 
 
 def _errors(*codes: int) -> dict[int, Any]:
-    text = {
-        400: "invalid request",
-        401: "no or invalid credentials",
-        403: "wrong token type or role",
-        404: "not found (or not yours)",
-        409: "the object's state refuses this",
-    }
-    return {code: OpenApiResponse(E, description=text[code]) for code in codes}
+    return s.error_responses(*codes)
 
 
 def _check_role(request: Request, org: Organization, *, admin: bool) -> None:
