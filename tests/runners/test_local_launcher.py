@@ -29,11 +29,16 @@ STAND_IN = r"""
 import json, os, subprocess, sys, time
 d = os.environ["SHIM_DIR"]
 run = sys.argv[sys.argv.index("--run-id") + 1]
-with open(f"{d}/{run}.seen.json", "w") as fh:
-    json.dump({"argv": sys.argv, "env": dict(os.environ), "sid": os.getsid(0), "pid": os.getpid()}, fh)
+def publish(name, text):
+    # Write then rename: the test polls for the file and must never read it half-written.
+    with open(f"{d}/{name}.tmp", "w") as fh:
+        fh.write(text)
+    os.replace(f"{d}/{name}.tmp", f"{d}/{name}")
 if os.path.exists(f"{d}/{run}.orphan"):
     child = subprocess.Popen(["sleep", "300"], process_group=0)  # a "step" in the runner's session
-    open(f"{d}/{run}.child", "w").write(str(child.pid))
+    publish(f"{run}.child", str(child.pid))
+seen = {"argv": sys.argv, "env": dict(os.environ), "sid": os.getsid(0), "pid": os.getpid()}
+publish(f"{run}.seen.json", json.dumps(seen))
 while not os.path.exists(f"{d}/{run}.stop"):
     time.sleep(0.02)
 code = int(open(f"{d}/{run}.stop").read() or 0)
