@@ -97,9 +97,6 @@ def _database_from_url(url: str) -> dict[str, object]:
     name = unquote(parts.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured("DATABASE_URL names no database")
-    # Lets the claim prepare its one statement (gantry/dispatch/claim.py);
-    # Django's own cursors bind client-side and never prepare.
-    options.setdefault("prepare_threshold", 5)
     if envbool("GANTRY_DB_POOL", True):
         # psycopg's pool (Django 5.1+): the poll path reuses warm connections.
         options["pool"] = {

@@ -127,6 +127,16 @@ def _no_stale_throttle_buckets() -> None:
         clear_buckets()
 
 
+@pytest.fixture
+def clean_buckets() -> Iterator[None]:
+    """No throttle bucket before or after the test (tests that spend or drain tokens)."""
+    from tests.throttle.helpers import clear_buckets
+
+    clear_buckets()
+    yield
+    clear_buckets()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_longpoll_listener(django_db_setup: None) -> Iterator[None]:
     """A long poll starts a listener holding a connection to the test database.

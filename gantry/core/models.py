@@ -139,7 +139,10 @@ class Membership(models.Model):
 
 
 class RunnerGroup(models.Model):
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runner_groups")
+    # No index of its own: the unique (organization, name) index serves it.
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="runner_groups", db_index=False
+    )
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=32, choices=GroupKind.choices, default=GroupKind.SELF_HOSTED)
     labels = models.JSONField(default=dict, blank=True)
@@ -186,7 +189,8 @@ class RunnerGroup(models.Model):
 
 class Runner(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4)
-    runner_group = models.ForeignKey(RunnerGroup, on_delete=models.CASCADE, related_name="runners")
+    # No index of its own: runner_group_status_idx (runner_group, status) serves it.
+    runner_group = models.ForeignKey(RunnerGroup, on_delete=models.CASCADE, related_name="runners", db_index=False)
     status = models.CharField(max_length=16, choices=RunnerStatus.choices, default=RunnerStatus.NOT_READY)
     created_at = models.DateTimeField(db_default=Now())
     ready_at = models.DateTimeField(null=True, blank=True)
@@ -269,7 +273,10 @@ class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runs")
     stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="runs")
-    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="runs")
+    # No index of its own: the unique (deployment, attempt) index serves it,
+    # and the latest attempt (a backward scan of it). Every index of run is
+    # written by each claim, whose update of the run cannot be HOT.
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="runs", db_index=False)
     attempt = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=32, choices=RunStatus.choices)
     runner_selector = models.JSONField(default=dict)
@@ -325,7 +332,6 @@ class Run(models.Model):
                 condition=Q(status=RunStatus.QUEUED),
                 name="run_queued_stack_idx",
             ),
-            models.Index(fields=["deployment", "-attempt"], name="run_deployment_attempt_idx"),
         ]
 
     def __str__(self) -> str:
@@ -352,7 +358,8 @@ class RunToken(models.Model):
 
 
 class RunEvent(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: run_event_run_at_idx (run, at) serves it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     at = models.DateTimeField()
     kind = models.CharField(max_length=64)
     detail = models.JSONField(default=dict, blank=True)

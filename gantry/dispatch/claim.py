@@ -7,6 +7,13 @@ lock the oldest candidate ``FOR UPDATE SKIP LOCKED``, insert the not_ready stub
 runner, assign the run with a lease and write its event. The throttle seam then
 runs inside the same transaction, before commit (see "The throttle" below).
 
+Round trips, because a claim is mostly waiting (docs/performance.md): the
+statement is prepared once per session; BEGIN travels in one message with its
+EXECUTE; then the throttle's one Redis call; then COMMIT. Two database round
+trips and one Redis round trip for a won claim, two database round trips for
+an empty poll. Called inside someone else's transaction (a test, a batch), the
+claim takes a savepoint instead and leaves the commit to the caller.
+
 Why it stays flat at any backlog (PERFORMANCE-NOTES.md): the statement never
 reads a run the group cannot take. ``run_selector`` holds an org's *distinct*
 selectors, so ``selector <@ labels`` runs over a handful of rows; each matching
@@ -47,14 +54,16 @@ the bucket's next refill, a hint the backend dispatcher uses to skip the org.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from django.db import DatabaseError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.utils import timezone
 
 from gantry import conf
@@ -136,6 +145,36 @@ event AS (
 SELECT assigned.id, o.runs_per_hour_limit FROM assigned JOIN organization o ON o.id = %(org_id)s::bigint
 """
 
+# The statement is PREPAREd once per database session and then EXECUTEd:
+# parsing and planning this CTE chain cost more than running it
+# (docs/performance.md, P1). EXECUTE is sent with BEGIN in one simple-query
+# message, so opening the transaction costs no round trip of its own (P4).
+# The parameter types are fixed here, so the plan never depends on the values.
+_PARAMETERS = (
+    ("now", "timestamptz"),
+    ("group_id", "bigint"),
+    ("org_id", "bigint"),
+    ("runner_id", "uuid"),
+    ("expires", "timestamptz"),
+)
+
+
+def _numbered(sql: str) -> str:
+    for i, (name, _) in enumerate(_PARAMETERS, 1):
+        sql = sql.replace(f"%({name})s", f"${i}")
+    return sql
+
+
+# Named after the text, so a session never runs a stale version of the statement.
+STATEMENT_NAME = "gantry_claim_" + hashlib.sha256(_CLAIM_SQL.encode()).hexdigest()[:12]
+_PREPARE_SQL = f"PREPARE {STATEMENT_NAME} ({', '.join(t for _, t in _PARAMETERS)}) AS {_numbered(_CLAIM_SQL)}"
+_EXECUTE_SQL = f"EXECUTE {STATEMENT_NAME} ({', '.join('%s' for _ in _PARAMETERS)})"
+_BEGIN_AND_EXECUTE_SQL = f"BEGIN; {_EXECUTE_SQL}"
+
+# The sessions the statement is prepared on (psycopg connections, pooled and
+# reused; a closed one drops out by itself).
+_prepared_on: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -204,6 +243,61 @@ def _stamp_throttled(exc: Throttled) -> None:
         )
 
 
+def _ensure_prepared(conn: psycopg.Connection[Any]) -> None:
+    """PREPARE the claim on this session, once (a prepared statement lives as long as the session)."""
+    if conn not in _prepared_on:
+        conn.execute(_PREPARE_SQL)
+        _prepared_on[conn] = True
+
+
+def _fetch_claim(cur: psycopg.ClientCursor[Any], *, begin: bool, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    if begin:
+        cur.execute(_BEGIN_AND_EXECUTE_SQL, args)
+        cur.nextset()  # past BEGIN's empty result, to the claim's
+    else:
+        cur.execute(_EXECUTE_SQL, args)
+    return cur.fetchone()
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    """End a transaction this module opened, without hiding the error that interrupted it."""
+    if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error as exc:
+        log.warning("rollback after a failed claim failed", extra={"event": "claim.rollback", "error": repr(exc)})
+
+
+def _claim_own_transaction(
+    conn: psycopg.Connection[Any], args: tuple[Any, ...], *, organization_id: int, now: datetime
+) -> tuple[tuple[Any, ...] | None, throttle.Outcome | None]:
+    """BEGIN + EXECUTE in one message, the throttle, then COMMIT (or ROLLBACK): two database round trips."""
+    with psycopg.ClientCursor(conn) as cur:
+        try:
+            row = _fetch_claim(cur, begin=True, args=args)
+            outcome = None
+            if row is not None:
+                outcome = _consume_dispatch_token(organization_id=organization_id, now=now, runs_per_hour_limit=row[1])
+        except BaseException:
+            # Throttled included: the run is pending again and the stub never existed.
+            _rollback_quietly(conn)
+            raise
+        cur.execute("COMMIT")  # also for an empty poll: its last_polled_at stamp
+    return row, outcome
+
+
+def _claim_in_callers_transaction(
+    conn: psycopg.Connection[Any], args: tuple[Any, ...], *, organization_id: int, now: datetime
+) -> tuple[tuple[Any, ...] | None, throttle.Outcome | None]:
+    """Inside a caller's atomic block: a savepoint, so a throttled claim undoes only itself."""
+    with transaction.atomic(), psycopg.ClientCursor(conn) as cur:
+        row = _fetch_claim(cur, begin=False, args=args)
+        if row is None:
+            return None, None
+        return row, _consume_dispatch_token(organization_id=organization_id, now=now, runs_per_hour_limit=row[1])
+
+
 def claim(*, group: RunnerGroup, now: datetime | None = None, raise_throttled: bool = False) -> Claim | None:
     """Claim the oldest run ``group`` may take, or None when there is none (or the org is throttled).
 
@@ -213,39 +307,38 @@ def claim(*, group: RunnerGroup, now: datetime | None = None, raise_throttled: b
     now = now or timezone.now()
     runner_id = uuid.uuid4()
     expires = now + timedelta(seconds=conf.get().assignment_ttl)
-    params: dict[str, Any] = {
-        "now": now,
-        "group_id": group.id,
-        "org_id": group.organization_id,
-        "runner_id": runner_id,
-        "expires": expires,
-    }
+    args = (now, group.id, group.organization_id, runner_id, expires)
+    db = connections[DEFAULT_DB_ALIAS]  # once: each access through django.db.connection is a lookup
+    db.ensure_connection()
+    conn = db.connection
+    # A request (the poll) runs in autocommit: the claim opens and ends its own
+    # transaction. Anyone already inside a transaction gets a savepoint.
+    run_claim = (
+        _claim_own_transaction if db.get_autocommit() and not db.in_atomic_block else _claim_in_callers_transaction
+    )
     try:
-        with transaction.atomic():
-            connection.ensure_connection()
-            # Server-side binding, prepared once per (pooled) connection:
-            # parsing and planning were half of the claim's server time
-            # (docs/performance.md, P1). Django's own cursors bind client-side
-            # and never prepare; the parameters are cast in the SQL so their
-            # types, and with them the prepared statement, never vary.
-            with psycopg.Cursor(connection.connection) as cur:
-                cur.execute(_CLAIM_SQL, params, prepare=True)
-                row = cur.fetchone()
-            if row is None:
-                return None  # no run, or lost the race: Redis is never asked
-            run_id, rate = row
-            outcome = _consume_dispatch_token(organization_id=group.organization_id, now=now, runs_per_hour_limit=rate)
+        with db.wrap_database_errors:
+            try:
+                _ensure_prepared(conn)
+                row, outcome = run_claim(conn, args, organization_id=group.organization_id, now=now)
+            except psycopg.errors.InvalidSqlStatementName:
+                # The session lost its prepared statements (DISCARD ALL or
+                # DEALLOCATE by someone else): prepare again, claim once more.
+                _prepared_on.pop(conn, None)
+                _ensure_prepared(conn)
+                row, outcome = run_claim(conn, args, organization_id=group.organization_id, now=now)
     except Throttled as exc:
-        # Rolled back: the run is pending again and no stub survives.
         throttle.record(throttle.LIMITED)
         _stamp_throttled(exc)
         if raise_throttled:
             raise
         return None
+    if row is None or outcome is None:
+        return None  # no run, or lost the race: Redis was never asked
     throttle.record(outcome)
     return Claim(
-        run_id=run_id,
+        run_id=row[0],
         runner_id=runner_id,
-        runner_token=tokens.mint_runner_token(runner_id=runner_id, run_id=run_id, group_id=group.id),
+        runner_token=tokens.mint_runner_token(runner_id=runner_id, run_id=row[0], group_id=group.id),
         assigned_expires_at=expires,
     )

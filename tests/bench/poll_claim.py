@@ -44,13 +44,14 @@ What it does:
    work shares the machine. CPU time per call is recorded on both sides of the connection
    (polling threads, and their PostgreSQL backends via /proc) as a
    load-independent figure.
-4. Measures the same way some variants of the claim statement (labelled
-   "variant: ..."; not the code under test): copies of the SQL run through a
-   copy of claim()'s transaction, each changed in one respect, to size the
-   changes docs/performance.md proposes.
+4. Measures the same way two variants (labelled "variant: ..."; not the
+   code under test): claim()'s prepared statement in other transaction
+   shapes — BEGIN as a round trip of its own (claim.py before P4), and the
+   token taken after an autocommitted statement (P3) — to size the choices
+   docs/performance.md discusses.
 5. Prints the table, the three targets with PASS/FAIL, and EXPLAIN (ANALYZE,
-   BUFFERS) of the claim at the largest adversarial backlog (rolled back),
-   beside the proposed variant's cached plan.
+   BUFFERS) of the claim's cached plan at the largest adversarial backlog
+   (rolled back).
 
 The run table is vacuumed before each rotation (as an autovacuum pass would);
 dead tuples made by the rotation's claims stay for the rest of it.
@@ -102,8 +103,6 @@ FLOOR_SLICE = 0.5
 
 TARGET_LATENCY_GROWTH = 1.5  # (i) p50 at the largest adversarial backlog ≤ 1.5 times p50 at the smallest
 TARGET_FLOOR_RATIO = 0.30  # (ii) single-poller claims/s ≥ 30% of the bare-UPDATE floor
-# The variant docs/performance.md proposes; its plan is EXPLAINed beside the real one.
-PROPOSAL = "variant: lazy+prepared"
 
 # --------------------------------------------------------------------------- setup
 
@@ -567,141 +566,54 @@ def _claim_slice(pool: _Pool, r: Round, crew: Crew, floor_crew: Crew, seconds: f
 
 # --------------------------------------------------------------------------- variants
 #
-# Not the code under test: copies of the claim statement changed in one respect
-# each, run through a copy of claim()'s transaction, so their rows compare with
-# the real one. They measure proposed changes to claim.py (docs/performance.md).
-
-_PARAM_ORDER = ("now", "group_id", "org_id", "runner_id", "expires")
-_PARAM_TYPES = ("timestamptz", "bigint", "bigint", "uuid", "timestamptz")
-
-# "lazy pick": each candidate carries first_pending_at out of the index, and
-# the candidates are sorted before they are joined to run, so the join (one
-# pkey probe per candidate) stops at the first row that locks, instead of
-# probing every candidate, de-duplicating them and sorting the joined rows.
-_LAZY_CANDIDATE_AND_PICKED = """candidate AS (
-    SELECT c.id, c.first_pending_at FROM sel CROSS JOIN LATERAL (
-        SELECT r.id, r.first_pending_at FROM run r
-        WHERE r.organization_id = %(org_id)s AND r.selector_id = sel.id
-          AND r.status = 'pending' AND r.assigned_runner_id IS NULL
-        ORDER BY r.first_pending_at, r.id
-        LIMIT {k}
-    ) c
-),
-picked AS (
-    -- Re-checked on the locked row version: a run claimed meanwhile drops out.
-    SELECT r.id FROM (SELECT id, first_pending_at FROM candidate ORDER BY first_pending_at, id) c
-    JOIN run r ON r.id = c.id
-    WHERE r.status = 'pending' AND r.assigned_runner_id IS NULL
-    ORDER BY c.first_pending_at, c.id
-    LIMIT 1
-    FOR UPDATE OF r SKIP LOCKED
-),
-"""
-
-
-def lazy_pick_sql() -> str | None:
-    """claim.py's statement with its candidate/picked CTEs swapped for the lazy pick (None if it changed shape)."""
-    from gantry.dispatch.claim import _CLAIM_SQL, CANDIDATES_PER_SELECTOR
-
-    try:
-        start, end = _CLAIM_SQL.index("candidate AS ("), _CLAIM_SQL.index("stub AS (")
-    except ValueError:
-        return None
-    return _CLAIM_SQL[:start] + _LAZY_CANDIDATE_AND_PICKED.format(k=CANDIDATES_PER_SELECTOR) + _CLAIM_SQL[end:]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A claim statement as a server-side prepared statement: planned per connection, then from the plan cache."""
-
-    name: str
-    sql: str
-
-    @property
-    def prepare(self) -> str:
-        body = self.sql
-        for i, p in enumerate(_PARAM_ORDER, 1):
-            body = body.replace(f"%({p})s", f"${i}")
-        return f"PREPARE {self.name}({', '.join(_PARAM_TYPES)}) AS {body}"
-
-    @property
-    def execute(self) -> str:
-        return f"EXECUTE {self.name}(" + ", ".join(f"%({p})s" for p in _PARAM_ORDER) + ")"
-
-
-_prepared_on: set[tuple[int, str]] = set()  # (backend pid, statement name)
-_prepared_lock = threading.Lock()
-
-
-def _ensure_prepared(stmt: Prepared) -> None:
-    """PREPARE ``stmt`` once on this thread's connection (prepared statements live as long as the session)."""
-    from django.db import connection
-
-    connection.ensure_connection()
-    key = (connection.connection.info.backend_pid, stmt.name)
-    if key in _prepared_on:
-        return
-    if not _execute("SELECT 1 FROM pg_prepared_statements WHERE name = %s", [stmt.name]):
-        _execute(stmt.prepare)
-    with _prepared_lock:
-        _prepared_on.add(key)
+# Not the code under test: claim()'s prepared statement run through a
+# different transaction shape each, so their rows compare with the real one.
+# They size the transaction choices docs/performance.md discusses.
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    sql: str | Prepared
-    # True: the statement commits on its own (autocommit: one round trip instead
-    # of BEGIN, statement, COMMIT) and the throttle token is taken after the
-    # commit. A proposal, not today's contract (docs/performance.md, P3): the
-    # rare throttled claim would then have to hand its run back.
-    autocommit: bool = False
+    # "begin apart": Django's atomic block, BEGIN its own round trip (claim.py
+    # before P4). "token after commit": the statement commits on its own and
+    # the throttle token is taken after it (P3, not the contract: a throttled
+    # claim would have to hand its run back).
+    transaction: str
 
     def claim(self) -> ClaimFn:
-        """A copy of claim()'s common path (a won, unthrottled claim) running another statement.
-
-        Same parameters, transaction, throttle call (one Redis round trip),
-        outcome metric and runner token as ``gantry.dispatch.claim.claim``.
-        """
+        """A copy of claim()'s won-claim path (statement, throttle call, outcome metric, runner token)."""
+        import psycopg
         from django.db import connection, transaction
         from django.utils import timezone
 
         from gantry import conf
         from gantry.core import tokens
         from gantry.dispatch import throttle
-        from gantry.dispatch.claim import _consume_dispatch_token
-
-        sql = self.sql
-        text = sql.execute if isinstance(sql, Prepared) else sql
-
-        def execute(params: dict[str, Any]) -> tuple[Any, ...] | None:
-            with connection.cursor() as cur:
-                cur.execute(text, params)
-                return cur.fetchone()
+        from gantry.dispatch.claim import _EXECUTE_SQL, _consume_dispatch_token, _ensure_prepared
 
         def run(group: RunnerGroup) -> uuid.UUID | None:
             now = timezone.now()
             runner_id = uuid.uuid4()
-            params = {
-                "now": now,
-                "group_id": group.id,
-                "org_id": group.organization_id,
-                "runner_id": runner_id,
-                "expires": now + timedelta(seconds=conf.get().assignment_ttl),
-            }
-            if isinstance(sql, Prepared):
-                _ensure_prepared(sql)
-            if self.autocommit:
-                row = execute(params)
+            args = (now, group.id, group.organization_id, runner_id, now + timedelta(seconds=conf.get().assignment_ttl))
+            connection.ensure_connection()
+            conn = connection.connection
+            _ensure_prepared(conn)
+            if self.transaction == "token after commit":
+                with psycopg.ClientCursor(conn) as cur:
+                    row = cur.execute(_EXECUTE_SQL, args).fetchone()
                 if row is None:
                     return None
-                outcome = _consume_dispatch_token(organization_id=group.organization_id, now=now, **_rate(row))
+                outcome = _consume_dispatch_token(
+                    organization_id=group.organization_id, now=now, runs_per_hour_limit=row[1]
+                )
             else:
-                with transaction.atomic():
-                    row = execute(params)
+                with transaction.atomic(), psycopg.ClientCursor(conn) as cur:
+                    row = cur.execute(_EXECUTE_SQL, args).fetchone()
                     if row is None:
                         return None
-                    outcome = _consume_dispatch_token(organization_id=group.organization_id, now=now, **_rate(row))
+                    outcome = _consume_dispatch_token(
+                        organization_id=group.organization_id, now=now, runs_per_hour_limit=row[1]
+                    )
             throttle.record(outcome)
             tokens.mint_runner_token(runner_id=runner_id, run_id=row[0], group_id=group.id)
             return uuid.UUID(str(row[0]))
@@ -709,62 +621,37 @@ class Variant:
         return run
 
 
-def _rate(row: tuple[Any, ...]) -> dict[str, Any]:
-    """The org's rate when the statement returns it beside the run id (it saves the throttle a query)."""
-    return {"runs_per_hour_limit": row[1]} if len(row) > 1 else {}
-
-
 def variants() -> list[Variant]:
-    from gantry.dispatch.claim import _CLAIM_SQL
-
-    out = [Variant("variant: prepared", Prepared("bench_claim", _CLAIM_SQL))]
-    lazy = lazy_pick_sql()
-    if lazy is None:
-        print("  (claim.py changed shape: lazy-pick variants skipped)")
-        return out
-    lazy_prepared = Prepared("bench_claim_lazy", lazy)
     return [
-        *out,
-        Variant("variant: lazy pick", lazy),
-        Variant("variant: lazy+prepared", lazy_prepared),
-        Variant("variant: lazy+prep, autocommit", lazy_prepared, autocommit=True),
+        Variant("variant: begin apart", "begin apart"),
+        Variant("variant: token after commit", "token after commit"),
     ]
 
 
 # --------------------------------------------------------------------------- EXPLAIN
 
 
-def _claim_params(case: Case) -> dict[str, Any]:
+def explain_claim(case: Case) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS) of one claim as claim() runs it, in a transaction that is rolled back.
+
+    The statement is executed six times before the one shown, as on a warm
+    pooled connection, so the plan shown is the one the plan cache settled on
+    (generic when its cost is no worse than the custom plans').
+    """
+    import psycopg
+    from django.db import connection, transaction
     from django.utils import timezone
 
-    now = timezone.now()
-    return {
-        "now": now,
-        "group_id": case.group.id,
-        "org_id": case.group.organization_id,
-        "runner_id": uuid.uuid4(),
-        "expires": now + timedelta(minutes=5),
-    }
-
-
-def explain_claim(case: Case, sql: str | Prepared) -> list[str]:
-    """EXPLAIN (ANALYZE, BUFFERS) of one claim, in a transaction that is rolled back.
-
-    A plain statement is explained as claim() sends it (literal values, planned
-    on every call). A prepared one is executed six times before the one shown,
-    as on a warm pooled connection, so the plan shown is the one the plan cache
-    settled on (generic when its cost is no worse than the custom plans').
-    """
-    from django.db import transaction
+    from gantry.dispatch.claim import _EXECUTE_SQL, _ensure_prepared
 
     lines: list[str] = []
-    warmups = 7 if isinstance(sql, Prepared) else 2
-    if isinstance(sql, Prepared):
-        _ensure_prepared(sql)
-    text = sql.execute if isinstance(sql, Prepared) else sql
-    for _ in range(warmups):  # the last one is shown
-        with transaction.atomic():
-            lines = [row[0] for row in _execute("EXPLAIN (ANALYZE, BUFFERS) " + text, _claim_params(case))]
+    connection.ensure_connection()
+    _ensure_prepared(connection.connection)
+    for _ in range(7):  # the last one is shown
+        now = timezone.now()
+        args = (now, case.group.id, case.group.organization_id, uuid.uuid4(), now + timedelta(minutes=5))
+        with transaction.atomic(), psycopg.ClientCursor(connection.connection) as cur:
+            lines = [row[0] for row in cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + _EXECUTE_SQL, args).fetchall()]
             transaction.set_rollback(True)
     return lines
 
@@ -888,20 +775,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
 
-    from gantry.dispatch.claim import _CLAIM_SQL
-
     measured: list[Variant | None] = [None]  # None: the real claim()
     measured += [] if args.no_variants else variants()
-    proposal = next((v for v in measured if v and v.name == PROPOSAL), None)
     rounds: list[Round] = []
     explains: dict[str, list[str]] = {}
     print("loading (one org per size and shape)", flush=True)
     cases = load_all(args.sizes, args.shapes, args.matching_selectors)
     biggest = next((c for c in reversed(cases) if c.shape == "adversarial" and c.size == max(args.sizes)), None)
     if biggest is not None:
-        explains["claim, as claim.py sends it"] = explain_claim(biggest, _CLAIM_SQL)
-        if proposal is not None:
-            explains[proposal.name] = explain_claim(biggest, proposal.sql)
+        explains["claim, as claim.py runs it"] = explain_claim(biggest)
     claimers: list[tuple[str, ClaimFn]] = [
         ("claim", real_claim) if v is None else (v.name, v.claim()) for v in measured
     ]

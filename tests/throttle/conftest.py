@@ -10,14 +10,12 @@ from django.test import override_settings
 
 from gantry import conf
 from gantry import redis as gantry_redis
-from tests.throttle.helpers import RedisProcess, clear_buckets
+from tests.throttle.helpers import RedisProcess
 
 
 @pytest.fixture(autouse=True)
-def _clean_buckets() -> Iterator[None]:
-    clear_buckets()
-    yield
-    clear_buckets()
+def _clean_buckets(clean_buckets: None) -> None:
+    """Every throttle test starts and ends with no bucket (tests/conftest.py)."""
 
 
 @pytest.fixture
