@@ -391,8 +391,9 @@ def processes(python: Path, port: int) -> list[tuple[str, list[str]]]:
             # request do not take a whole worker each (docs/operations.md).
             # No control socket: its default path is shared by every gunicorn
             # of the user, and a second server (a test's) would take it over.
-            # A short graceful timeout: parked long polls (up to 30 s) would
-            # otherwise hold a Ctrl-C; a cut poll is retried by its coordinator.
+            # Parked long polls answer at once on SIGTERM (gunicorn.conf.py,
+            # read from ROOT); the short graceful timeout is a backstop for
+            # any other slow request. A cut poll is retried by its coordinator.
             [
                 *(str(python), "-m", "gunicorn", "gantry.wsgi", "-b", f"127.0.0.1:{port}"),
                 *("--threads", "16", "--worker-class", "gthread", "--no-control-socket"),

@@ -264,7 +264,7 @@ def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
     if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         return
     try:
-        conn.execute("ROLLBACK")
+        conn.rollback()
     except psycopg.Error as exc:
         log.warning("rollback after a failed claim failed", extra={"event": "claim.rollback", "error": repr(exc)})
 
@@ -283,7 +283,7 @@ def _claim_own_transaction(
             # Throttled included: the run is pending again and the stub never existed.
             _rollback_quietly(conn)
             raise
-        cur.execute("COMMIT")  # also for an empty poll: its last_polled_at stamp
+    conn.commit()  # also for an empty poll: its last_polled_at stamp
     return row, outcome
 
 

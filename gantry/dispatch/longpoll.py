@@ -12,15 +12,23 @@ A notification can be lost (listener reconnecting, server restart), so a
 parked poll also re-checks every ``RECHECK_SECONDS``; and a poll reads the
 generation *before* its claim attempt, so a notification that lands between a
 failed claim and the wait is never missed.
+
+When the server stops (gunicorn's SIGTERM, see gunicorn.conf.py),
+:func:`begin_shutdown` wakes every parked poll: each answers at once (204 when
+its last attempt found nothing) instead of holding the worker's graceful
+shutdown for up to ``GANTRY_POLL_MAX_WAIT`` seconds, and later polls do not
+park. The coordinator simply polls again, reaching a server that is up.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from types import FrameType
 from typing import TypeVar
 
 import psycopg
@@ -36,6 +44,9 @@ log = logging.getLogger("gantry.longpoll")
 RECHECK_SECONDS = 5.0
 
 T = TypeVar("T")
+
+# Set when this process's server is stopping: polls stop parking.
+_shutting_down = threading.Event()
 
 
 class ClaimableListener:
@@ -54,9 +65,15 @@ class ClaimableListener:
             return self._epoch, self._generation[org_id]
 
     def wait(self, org_id: int, seen: tuple[int, int], timeout: float) -> bool:
-        """Wait until ``org_id`` may have new work since ``seen``; False on timeout."""
+        """Wait until ``org_id`` may have new work since ``seen``, or the server stops; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: (self._epoch, self._generation[org_id]) != seen, timeout)
+            return self._cond.wait_for(
+                lambda: (self._epoch, self._generation[org_id]) != seen or _shutting_down.is_set(), timeout
+            )
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def wait_ready(self, timeout: float) -> bool:
         """True once LISTEN is in place (tests use it to avoid racing the first notification)."""
@@ -126,18 +143,45 @@ def listener() -> ClaimableListener:
 
 
 def stop_listener() -> None:
-    """Stop this process's listener, if it runs; the next long poll starts a new one."""
+    """Stop this process's listener, if it runs, and forget a shutdown; the next long poll starts afresh."""
     global _listener
     with _listener_lock:
         if _listener is not None:
             _listener.close()
             _listener = None
+        _shutting_down.clear()
+
+
+def begin_shutdown() -> None:
+    """The server is stopping: parked polls answer now, and new polls do not park."""
+    _shutting_down.set()
+    with _listener_lock:
+        current = _listener
+    if current is not None:
+        current.wake_all()
+
+
+def shutdown_on(signum: int) -> None:
+    """Call :func:`begin_shutdown` when ``signum`` arrives, then the handler that was there before.
+
+    For a server's graceful-stop signal (gunicorn.conf.py installs it for
+    SIGTERM in each worker): the server still drains its requests as before,
+    only the parked polls no longer make it wait.
+    """
+    previous = signal.getsignal(signum)
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        begin_shutdown()
+        if callable(previous):
+            previous(sig, frame)
+
+    signal.signal(signum, handler)
 
 
 def wait_for_claim(*, org_id: int, wait: float, attempt: Callable[[], T | None]) -> T | None:
     """Call ``attempt`` now, and again whenever the org may have new work, until it
     returns something or ``wait`` seconds pass."""
-    if wait <= 0:
+    if wait <= 0 or _shutting_down.is_set():
         return attempt()
     deadline = time.monotonic() + wait
     lst = listener()
@@ -149,7 +193,7 @@ def wait_for_claim(*, org_id: int, wait: float, attempt: Callable[[], T | None])
         if result is not None:
             return result
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or _shutting_down.is_set():
             return None
         # Hand the connection back to the pool while parked.
         connection.close()

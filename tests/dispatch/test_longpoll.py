@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -284,3 +286,56 @@ def test_it_answers_200_at_once_when_work_exists(live_server: Any, acme: Organiz
     answer = request(live_server.url, f"{POLL}?wait=10", auth=f"Bearer {token}")
     assert answer.status == 200
     assert answer.body["run_id"] == str(run.id)
+
+
+# ---------------------------------------------------------------- server shutdown
+
+
+@pytest.fixture
+def shutdown_reset() -> Iterator[None]:
+    """begin_shutdown() is for good in a server; stop_listener() forgets it for the next test."""
+    yield
+    longpoll.stop_listener()
+
+
+def test_a_shutdown_answers_a_parked_poll_at_once_with_204(
+    live_server: Any, acme: Organization, shutdown_reset: None
+) -> None:
+    group, token = new_group(acme)
+    poll = park(live_server.url, token, group, wait=30)
+
+    longpoll.begin_shutdown()
+    stopped = time.perf_counter()
+    answer = poll.result(timeout=10)
+
+    assert answer.status == 204
+    # Not its 30 s wait and not a 5 s re-check: the shutdown itself woke it.
+    assert answer.answered_at - stopped < WAKE_BOUND_S
+    print(f"\nparked poll answered {answer.answered_at - stopped:.3f} s after the shutdown began")
+
+
+def test_after_a_shutdown_a_poll_does_not_park_but_still_claims(
+    live_server: Any, acme: Organization, shutdown_reset: None
+) -> None:
+    _group, token = new_group(acme)
+    longpoll.begin_shutdown()
+
+    empty = request(live_server.url, f"{POLL}?wait=30", auth=f"Bearer {token}")
+    deploy(make_stack(acme, "s", {"os": "linux"}))
+    won = request(live_server.url, f"{POLL}?wait=30", auth=f"Bearer {token}")
+
+    assert empty.status == 204
+    assert empty.seconds < WAKE_BOUND_S  # answered, not parked for its 30 s
+    assert won.status == 200  # work that is there is still handed out
+
+
+def test_shutdown_on_runs_the_previous_handler_too(shutdown_reset: None) -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda sig, _frame: seen.append(sig))
+    try:
+        longpoll.shutdown_on(signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled in this (main) thread before kill() returns
+        assert seen == [signal.SIGUSR1]
+        assert longpoll.wait_for_claim(org_id=1, wait=30, attempt=lambda: None) is None  # does not park
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 
 from runners.client import ApiError, GantryClient
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "gantry-e2e-logs"
@@ -66,12 +67,6 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: flo
             return value
         assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
         time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def venv_env(**extra: str) -> dict[str, str]:

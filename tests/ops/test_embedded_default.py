@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _running(pid: int) -> bool:
@@ -95,7 +90,7 @@ def test_it_serves_on_embedded_postgres_and_redis(tmp_path: Path, request: pytes
     assert redis_pid, "no redis.pid in the data folder"
     assert _running(redis_pid), "the embedded Redis is not running"
 
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "gunicorn.log").open("w")
     web = subprocess.Popen(
         [

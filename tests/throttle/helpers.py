@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from gantry.core import tokens
 from gantry.core.models import Organization, RunnerGroup, Stack
 from gantry.dispatch import throttle
 from tests.dispatch.helpers import deploy, make_group, make_stack
+from tests.ports import free_port
 
 
 def clear_buckets(client: redis.Redis | None = None) -> None:
@@ -73,12 +73,6 @@ def wide_group(org: Organization, name: str = "wide") -> RunnerGroup:
     return make_group(org, name, {"os": "linux"}, max_concurrent_runs=1000)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def redis_binary() -> str:
     found = shutil.which("redis-server")
     return found or str(embedded.redis_server_binary())
@@ -89,7 +83,7 @@ class RedisProcess:
     """A redis-server of the test's own, on a free port: the test may stop and restart it."""
 
     dir: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
     @property

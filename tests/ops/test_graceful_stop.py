@@ -1,0 +1,117 @@
+"""A graceful stop of the real server does not wait for parked long polls (gunicorn.conf.py).
+
+gunicorn (gthread, the repository's gunicorn.conf.py picked up from the working
+directory as in production) serves the test database. A coordinator's poll
+parks with ``wait=30``; then the master gets SIGTERM. The poll must be
+answered 204 at once and the server must exit, instead of the poll holding
+the worker for its 30 s (gunicorn's graceful timeout is left at its 30 s
+default here, so only the hook can make the difference).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from gantry.core import services
+from gantry.core.models import Organization, RunnerGroup
+from tests.ports import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT = 30
+
+
+def _database_url() -> str:
+    """DATABASE_URL for the child: the test database this test's rows are committed to."""
+    params = conninfo_to_dict(make_conninfo(settings.DATABASE_URL, dbname=connection.settings_dict["NAME"]))
+    user, host = params.get("user", "postgres"), params.get("host", "127.0.0.1")
+    port, name = params.get("port", "5432"), params["dbname"]
+    password = f":{params['password']}" if params.get("password") else ""
+    if str(host).startswith("/"):
+        return f"postgres://{user}{password}@/{name}?host={host}&port={port}"
+    return f"postgres://{user}{password}@{host}:{port}/{name}"
+
+
+def _status(url: str, token: str) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT + 15) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _last_polled(group: RunnerGroup) -> Any:
+    return RunnerGroup.objects.values_list("last_polled_at", flat=True).get(id=group.id)
+
+
+def test_sigterm_answers_a_parked_poll_at_once_and_the_server_exits(acme: Organization, tmp_path: Path) -> None:
+    group, token = services.runner_group_create(org=acme, name="lp", labels={"os": "linux"})
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL}
+    env["GANTRY_LOG_LEVEL"] = "WARNING"
+    log = tmp_path / "gunicorn.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", "gantry.wsgi", "-b", f"127.0.0.1:{port}",
+                "--worker-class", "gthread", "--threads", "4", "--no-control-socket",
+            ],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0,
+        )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, f"gunicorn exited:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "gunicorn never answered /healthz"
+                time.sleep(0.1)
+
+        before = _last_polled(group)
+        answer: list[int] = []
+        poller = threading.Thread(
+            target=lambda: answer.append(_status(f"{base}/api/v1/runner-groups/poll?wait={WAIT}", token)), daemon=True
+        )
+        poller.start()
+        deadline = time.monotonic() + 15
+        while _last_polled(group) == before:  # its first (empty) claim attempt has committed
+            assert time.monotonic() < deadline, "the poll never reached the server"
+            time.sleep(0.01)
+        time.sleep(0.5)  # bounded: lets the request reach its wait; nothing depends on the exact figure
+        assert poller.is_alive(), "the poll answered instead of parking"
+
+        server.send_signal(signal.SIGTERM)
+        stopped = time.perf_counter()
+        poller.join(WAIT + 15)
+        answered = time.perf_counter() - stopped
+        exit_code = server.wait(WAIT + 15)
+        exited = time.perf_counter() - stopped
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+    assert answer == [204], log.read_text()[-3000:]
+    # Far inside the poll's 30 s wait and gunicorn's 30 s graceful timeout.
+    assert answered < WAIT / 3, f"the parked poll held the stop for {answered:.1f} s"
+    assert exit_code == 0, log.read_text()[-3000:]
+    print(f"\nSIGTERM → parked poll answered in {answered:.3f} s, server exited in {exited:.3f} s")
