@@ -147,10 +147,12 @@ class RunnerGroup(models.Model):
     kind = models.CharField(max_length=32, choices=GroupKind.choices, default=GroupKind.SELF_HOSTED)
     labels = models.JSONField(default=dict, blank=True)
     max_concurrent_runs = models.PositiveIntegerField(default=10)
-    # The group's runner rows are its slots; this counts them. Kept by a
-    # trigger on runner (migration 0003), so every insert and delete, ORM or
-    # raw SQL, is counted. The claim reads it from the group row it locks,
-    # which is what makes the capacity check exact under concurrent polls.
+    # The group's runner rows are its slots; this counts them. Kept by
+    # triggers on runner (migrations 0003, 0008), so every insert and delete,
+    # ORM or raw SQL, is counted; the claim counts its own stub in the same
+    # write that stamps last_polled_at (Runner.claim_counted). The claim reads
+    # it from the group row it locks, which is what makes the capacity check
+    # exact under concurrent polls.
     runner_count = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     # Part of every group JWT; bumping it revokes all tokens issued before.
     token_version = models.PositiveIntegerField(default=1)
@@ -202,6 +204,10 @@ class Runner(models.Model):
     container_id = models.CharField(max_length=128, blank=True, default="")
     pod_name = models.CharField(max_length=253, blank=True, default="")
     workflow_run_id = models.BigIntegerField(null=True, blank=True)
+    # True when the statement that inserted the row (the claim's stub) counted
+    # it on its group itself; the insert trigger counts every other row
+    # (migration 0008). Saves the claim a second write of its group's row.
+    claim_counted = models.BooleanField(default=False, db_default=False, editable=False)
 
     class Meta:
         db_table = "runner"

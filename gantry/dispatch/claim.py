@@ -1,11 +1,12 @@
 """The poll's claim (DESIGN §5; reference "Phase 1: Poll").
 
-One SQL statement does the whole claim: stamp the group's ``last_polled_at``
-(which also locks the group row), check drain and capacity, find the org's
-selectors the group can serve, probe the pending-run index once per selector,
-lock the oldest candidate ``FOR UPDATE SKIP LOCKED``, insert the not_ready stub
-runner, assign the run with a lease and write its event. The throttle seam then
-runs inside the same transaction, before commit (see "The throttle" below).
+One SQL statement does the whole claim: lock the group row, check drain and
+capacity, find the org's selectors the group can serve, probe the pending-run
+index once per selector, lock the oldest candidate ``FOR UPDATE SKIP LOCKED``,
+insert the not_ready stub runner, assign the run with a lease, write its event,
+and write the group row once: its ``last_polled_at`` stamp and the stub in its
+slot count. The throttle seam then runs inside the same transaction, before
+commit (see "The throttle" below).
 
 Round trips, because a claim is mostly waiting (docs/performance.md): the
 statement is prepared once per session; BEGIN travels in one message with its
@@ -33,9 +34,12 @@ Why the group row is locked: a group's runner rows are its slots. Two polls of
 one group could both see ``max - 1`` rows and both insert. Counting rows in the
 statement would not help: under READ COMMITTED a poll that waited for the other
 still reads the runner table as of its own start. So the count lives on the
-group row (``runner_count``, kept by a trigger on runner), and the statement
-begins by updating that row: a waiting poll then reads the row's latest version,
-stub included. Concurrent polls of *one* group take turns for the few hundred
+group row (``runner_count``), and the statement begins by locking that row
+``FOR NO KEY UPDATE``: a waiting poll then reads the row's latest version, the
+other poll's stub counted. The claim counts its own stub in the same write as
+its stamp (the stub carries ``claim_counted``, so the insert trigger that
+counts every other runner row skips it): one new version of the group row per
+poll, not two. Concurrent polls of *one* group take turns for the few hundred
 microseconds of the claim; polls of different groups never wait on each other.
 Run rows are never waited on: SKIP LOCKED passes over a run another poll is
 claiming.
@@ -81,9 +85,11 @@ CANDIDATES_PER_SELECTOR = 32
 
 _CLAIM_SQL = f"""
 WITH grp AS (
-    UPDATE runner_group SET last_polled_at = %(now)s
+    -- Locks the group row; a poll that waited for another poll of this group
+    -- reads the row version that poll wrote, its stub counted.
+    SELECT id, labels, runner_count, max_concurrent_runs, drained FROM runner_group
     WHERE id = %(group_id)s::bigint
-    RETURNING id, labels, runner_count, max_concurrent_runs, drained
+    FOR NO KEY UPDATE
 ),
 eligible AS (
     -- runner_count comes from the locked, latest row version (a poll that
@@ -123,8 +129,11 @@ picked AS (
     FOR UPDATE OF r SKIP LOCKED
 ),
 stub AS (
-    INSERT INTO runner (id, runner_group_id, status, created_at, hostname, launcher, container_id, pod_name)
-    SELECT %(runner_id)s::uuid, %(group_id)s::bigint, 'not_ready', %(now)s::timestamptz, '', '', '', '' FROM picked
+    -- claim_counted: counted below, in the stamp, not by the insert trigger.
+    INSERT INTO runner (id, runner_group_id, status, created_at, hostname, launcher, container_id, pod_name,
+                        claim_counted)
+    SELECT %(runner_id)s::uuid, %(group_id)s::bigint, 'not_ready', %(now)s::timestamptz, '', '', '', '', TRUE
+    FROM picked
     RETURNING id
 ),
 assigned AS (
@@ -139,6 +148,12 @@ event AS (
     SELECT assigned.id, %(now)s, 'assigned',
            jsonb_build_object('runner_id', %(runner_id)s::text, 'runner_group_id', %(group_id)s::bigint)
     FROM assigned
+),
+stamp AS (
+    -- One write of the group row per poll, won or empty: the poll's stamp and
+    -- its stub (if any) in the slot count. The row is locked by grp above.
+    UPDATE runner_group SET last_polled_at = %(now)s, runner_count = runner_count + (SELECT count(*) FROM stub)
+    WHERE id = %(group_id)s::bigint
 )
 -- The rate comes back with the run: the throttle needs it, and reading it here
 -- costs no round trip.

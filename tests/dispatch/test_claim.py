@@ -7,6 +7,7 @@ with explicit times, so ordering never depends on the wall clock.
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from gantry.core import services
 from gantry.core.errors import Conflict
@@ -312,3 +313,31 @@ def test_it_keeps_runner_count_equal_to_the_runner_rows(acme: Organization) -> N
     assert claim(group=g2, now=lapsed) is not None
     check()
     assert (runner_count(g1), runner_count(g2)) == (1, 2)
+
+
+def test_runner_count_counts_claimed_stubs_and_every_other_insert_move_and_delete_once(acme: Organization) -> None:
+    g1 = make_group(acme, "g1", {"os": "linux"}, max_concurrent_runs=50)
+    g2 = make_group(acme, "g2", {"os": "linux"}, max_concurrent_runs=50)
+    deploy(make_stack(acme, "s", {"os": "linux"}), now=at(0))
+
+    won = claim(group=g1, now=at(1))  # counted by the claim statement itself
+    assert won is not None
+    orm = Runner.objects.create(runner_group=g1)  # counted by the insert trigger
+    with connection.cursor() as cur:  # so is raw SQL that does not set the flag
+        cur.execute(
+            "INSERT INTO runner (id, runner_group_id, status, hostname, launcher, container_id, pod_name) "
+            "VALUES (gen_random_uuid(), %s, 'ready', '', '', '', '')",
+            [g2.id],
+        )
+
+    assert Runner.objects.get(id=won.runner_id).claim_counted is True
+    assert Runner.objects.get(id=orm.id).claim_counted is False
+    assert (runner_count(g1), runner_count(g2)) == (2, 1)
+
+    Runner.objects.filter(id=won.runner_id).update(runner_group=g2)  # a move, by the update trigger
+    assert (runner_count(g1), runner_count(g2)) == (1, 2)
+    Runner.objects.filter(id=won.runner_id).delete()  # a claimed stub's delete counts like any other
+    orm.delete()
+    assert (runner_count(g1), runner_count(g2)) == (0, 1)
+    for g in (g1, g2):
+        assert runner_count(g) == Runner.objects.filter(runner_group=g).count()
