@@ -10,7 +10,8 @@ commit (see "The throttle" below).
 
 Round trips, because a claim is mostly waiting (docs/performance.md): the
 statement is prepared once per session; BEGIN travels in one message with its
-EXECUTE; then the throttle's one Redis call; then COMMIT. Two database round
+EXECUTE; then the throttle's one Redis call; then COMMIT, which does not wait
+for the WAL flush (the claim is tentative; see _BEGIN_AND_EXECUTE_SQL). Two database round
 trips and one Redis round trip for a won claim, two database round trips for
 an empty poll. Called inside someone else's transaction (a test, a batch), the
 claim takes a savepoint instead and leaves the commit to the caller.
@@ -184,7 +185,14 @@ def _numbered(sql: str) -> str:
 STATEMENT_NAME = "gantry_claim_" + hashlib.sha256(_CLAIM_SQL.encode()).hexdigest()[:12]
 _PREPARE_SQL = f"PREPARE {STATEMENT_NAME} ({', '.join(t for _, t in _PARAMETERS)}) AS {_numbered(_CLAIM_SQL)}"
 _EXECUTE_SQL = f"EXECUTE {STATEMENT_NAME} ({', '.join('%s' for _ in _PARAMETERS)})"
-_BEGIN_AND_EXECUTE_SQL = f"BEGIN; {_EXECUTE_SQL}"
+# The claim's own transaction commits without waiting for its WAL flush
+# (docs/decisions.md, 13). The claim is tentative: a runner can only make it
+# authoritative through accept, whose synchronous commit flushes the WAL up to
+# and past the claim's. So a claim can be lost only in a database crash within
+# the flush window (wal_writer_delay), before any accept could have built on
+# it; its runner is then refused at ready/accept (its row is gone) and the run
+# is pending again. SET LOCAL ends with the transaction.
+_BEGIN_AND_EXECUTE_SQL = f"BEGIN; SET LOCAL synchronous_commit = off; {_EXECUTE_SQL}"
 
 # The sessions the statement is prepared on (psycopg connections, pooled and
 # reused; a closed one drops out by itself).
@@ -268,7 +276,8 @@ def _ensure_prepared(conn: psycopg.Connection[Any]) -> None:
 def _fetch_claim(cur: psycopg.ClientCursor[Any], *, begin: bool, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     if begin:
         cur.execute(_BEGIN_AND_EXECUTE_SQL, args)
-        cur.nextset()  # past BEGIN's empty result, to the claim's
+        cur.nextset()  # past BEGIN's empty result,
+        cur.nextset()  # and SET's, to the claim's
     else:
         cur.execute(_EXECUTE_SQL, args)
     return cur.fetchone()

@@ -44,11 +44,11 @@ What it does:
    work shares the machine. CPU time per call is recorded on both sides of the connection
    (polling threads, and their PostgreSQL backends via /proc) as a
    load-independent figure.
-4. Measures the same way two variants (labelled "variant: ..."; not the
+4. Measures the same way three variants (labelled "variant: ..."; not the
    code under test): claim()'s prepared statement in other transaction
-   shapes — BEGIN as a round trip of its own (claim.py before P4), and the
-   token taken after an autocommitted statement (P3) — to size the choices
-   docs/performance.md discusses.
+   shapes — a commit that waits for the WAL flush, BEGIN as a round trip of
+   its own (claim.py before P4), and the token taken after an autocommitted
+   statement (P3) — to size the choices docs/performance.md discusses.
 5. Prints the table, the three targets with PASS/FAIL, and EXPLAIN (ANALYZE,
    BUFFERS) of the claim's cached plan at the largest adversarial backlog
    (rolled back).
@@ -574,10 +574,12 @@ def _claim_slice(pool: _Pool, r: Round, crew: Crew, floor_crew: Crew, seconds: f
 @dataclass(frozen=True)
 class Variant:
     name: str
-    # "begin apart": Django's atomic block, BEGIN its own round trip (claim.py
-    # before P4). "token after commit": the statement commits on its own and
-    # the throttle token is taken after it (P3, not the contract: a throttled
-    # claim would have to hand its run back).
+    # "durable commit": claim()'s messages, but COMMIT waits for the WAL flush
+    # (claim.py before decision 13). "begin apart": Django's atomic block,
+    # BEGIN its own round trip, durable commit (claim.py before P4). "token
+    # after commit": the statement commits on its own and the throttle token
+    # is taken after it (P3, not the contract: a throttled claim would have
+    # to hand its run back).
     transaction: str
 
     def claim(self) -> ClaimFn:
@@ -606,6 +608,22 @@ class Variant:
                 outcome = _consume_dispatch_token(
                     organization_id=group.organization_id, now=now, runs_per_hour_limit=row[1]
                 )
+            elif self.transaction == "durable commit":
+                with psycopg.ClientCursor(conn) as cur:
+                    cur.execute("BEGIN; " + _EXECUTE_SQL, args)
+                    cur.nextset()
+                    row = cur.fetchone()
+                    if row is None:
+                        conn.commit()
+                        return None
+                    try:
+                        outcome = _consume_dispatch_token(
+                            organization_id=group.organization_id, now=now, runs_per_hour_limit=row[1]
+                        )
+                    except BaseException:
+                        conn.rollback()
+                        raise
+                conn.commit()
             else:
                 with transaction.atomic(), psycopg.ClientCursor(conn) as cur:
                     row = cur.execute(_EXECUTE_SQL, args).fetchone()
@@ -623,6 +641,7 @@ class Variant:
 
 def variants() -> list[Variant]:
     return [
+        Variant("variant: durable commit", "durable commit"),
         Variant("variant: begin apart", "begin apart"),
         Variant("variant: token after commit", "token after commit"),
     ]

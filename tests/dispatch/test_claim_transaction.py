@@ -1,8 +1,9 @@
 """The claim's transaction and round trips (gantry/dispatch/claim.py, docs/performance.md P4).
 
 A poll runs in autocommit, so the claim opens and ends its own transaction:
-BEGIN and the EXECUTE of the prepared statement travel in one message, then
-the throttle, then COMMIT (or ROLLBACK). What goes over the wire is read from
+BEGIN, ``SET LOCAL synchronous_commit = off`` (docs/decisions.md, 13) and the
+EXECUTE of the prepared statement travel in one message, then the throttle,
+then COMMIT (or ROLLBACK). What goes over the wire is read from
 libpq's own protocol trace of the test's connection. Inside a caller's
 transaction the claim takes a savepoint and leaves the commit to the caller.
 These tests commit for real (``transaction=True``): the own-transaction path
@@ -80,13 +81,24 @@ def test_a_won_claim_is_one_message_for_begin_and_claim_then_one_commit(acme: Or
     assert won is not None
     assert won.run_id == run.id
     assert [kind for kind, _ in sent] == ["Query", "Query"], sent  # no BEGIN of its own, no Parse/Bind
-    assert re.fullmatch(rf'"BEGIN; EXECUTE {STATEMENT_NAME} \(.*\)"', sent[0][1]), sent[0]
+    assert re.fullmatch(rf'"BEGIN; SET LOCAL synchronous_commit = off; EXECUTE {STATEMENT_NAME} \(.*\)"', sent[0][1]), (
+        sent[0]
+    )
     assert sent[1][1] == '"COMMIT"'
     assert not in_transaction()
     # Committed: another connection sees the assignment and the stub.
     with psycopg.connect(**connection.get_connection_params()) as other:
         row = other.execute("SELECT status, assigned_runner_id FROM run WHERE id = %s", [run.id]).fetchone()
     assert row == (RunStatus.ASSIGNED, won.runner_id)
+
+
+def test_only_the_claims_own_transaction_skips_the_wal_flush_wait(acme: Organization, linux: RunnerGroup) -> None:
+    pending_run(acme, "a")
+    assert claim(group=linux) is not None
+
+    with connection.cursor() as cur:  # same session, after the claim: back to the server's setting
+        cur.execute("SHOW synchronous_commit")
+        assert cur.fetchone() == ("on",)
 
 
 def test_an_empty_poll_commits_its_stamp_in_two_queries(linux: RunnerGroup) -> None:
