@@ -227,7 +227,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "json": {"()": "gantry.logging.JsonFormatter"},
+        "json": {"()": "runners.logsetup.JsonFormatter"},  # shared with the client programs
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json"},
