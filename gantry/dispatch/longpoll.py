@@ -155,8 +155,9 @@ def stop_listener() -> None:
 def begin_shutdown() -> None:
     """The server is stopping: parked polls answer now, and new polls do not park."""
     _shutting_down.set()
-    with _listener_lock:
-        current = _listener
+    # No _listener_lock: this runs in a signal handler, which must never wait
+    # on a lock its own thread may hold. Reading the reference is atomic.
+    current = _listener
     if current is not None:
         current.wake_all()
 

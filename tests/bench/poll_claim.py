@@ -69,8 +69,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
+
+from tests.bench.common import bootstrap, execute
 
 if TYPE_CHECKING:
     from gantry.core.models import RunnerGroup
@@ -107,44 +109,6 @@ TARGET_FLOOR_RATIO = 0.30  # (ii) single-poller claims/s ≥ 30% of the bare-UPD
 # --------------------------------------------------------------------------- setup
 
 
-def _bootstrap(url: str) -> None:
-    """Point Django at ``url``, create the database if missing, set Django up and migrate."""
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gantry.settings")
-    # Keep settings from starting the embedded servers or writing a key file.
-    os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
-    os.environ.setdefault("GANTRY_SECRET_KEY", "bench-" + "x" * 50)
-    _ensure_database(url)
-
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
-
-
-def _ensure_database(url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    parts = urlsplit(url)
-    name = unquote(parts.path.lstrip("/"))
-    admin_url = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            print(f"created database {name}")
-
-
-def _execute(query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-    """Run one statement on the main thread's connection (autocommit unless inside atomic)."""
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall()) if cur.description else []
-
-
 def _server_notes() -> list[str]:
     settings = (
         "shared_buffers",
@@ -157,8 +121,8 @@ def _server_notes() -> list[str]:
         "plan_cache_mode",
         "max_connections",
     )
-    version = _execute("SHOW server_version")[0][0]
-    values = ", ".join(f"{s}={_execute(f'SHOW {s}')[0][0]}" for s in settings)
+    version = execute("SHOW server_version")[0][0]
+    values = ", ".join(f"{s}={execute(f'SHOW {s}')[0][0]}" for s in settings)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [f"PostgreSQL {version}; {values}", f"cpus={os.cpu_count()}, load average now {load}"]
 
@@ -210,7 +174,7 @@ ORDER BY c.g  -- heap order follows age, as a real queue's would
 
 
 def _truncate() -> None:
-    _execute(
+    execute(
         "TRUNCATE run_event, run_token, run, runner, deployment, stack, run_selector, runner_group, organization "
         "CASCADE"
     )
@@ -218,7 +182,7 @@ def _truncate() -> None:
 
 def _vacuum(*tables: str) -> float:
     t0 = time.perf_counter()
-    _execute(f"VACUUM (ANALYZE) {', '.join(tables)}")
+    execute(f"VACUUM (ANALYZE) {', '.join(tables)}")
     return time.perf_counter() - t0
 
 
@@ -248,7 +212,7 @@ def load_case(size: int, shape: str, matching_selectors: int) -> Case:
         "base": timezone.now() - timedelta(days=1),
     }
     t0 = time.perf_counter()
-    _execute(_LOAD_SQL, params)
+    execute(_LOAD_SQL, params)
     print(f"  loaded {size:>9,} runs ({shape}, {pool:,} matching) in {time.perf_counter() - t0:6.1f} s", flush=True)
     return Case(size=size, shape=shape, group=group, matching_ids=match, pool=pool)
 
@@ -276,16 +240,16 @@ def load_all(sizes: list[int], shapes: list[str], matching_selectors: int) -> li
     _truncate()
     t0 = time.perf_counter()
     with transaction.atomic():
-        _execute("SET LOCAL session_replication_role = replica")
-        _execute("SET LOCAL work_mem = '256MB'")
-        _execute("SET LOCAL maintenance_work_mem = '512MB'")
-        indexes = _execute(_SECONDARY_INDEXES_SQL)
+        execute("SET LOCAL session_replication_role = replica")
+        execute("SET LOCAL work_mem = '256MB'")
+        execute("SET LOCAL maintenance_work_mem = '512MB'")
+        indexes = execute(_SECONDARY_INDEXES_SQL)
         for name, _ in indexes:
-            _execute(f'DROP INDEX "{name}"')
+            execute(f'DROP INDEX "{name}"')
         cases = [load_case(size, shape, matching_selectors) for size in sizes for shape in shapes]
         t1 = time.perf_counter()
         for _, definition in indexes:
-            _execute(definition)
+            execute(definition)
         print(f"  rebuilt run's {len(indexes)} secondary indexes in {time.perf_counter() - t1:.1f} s", flush=True)
     vacuum_s = _vacuum("organization", "runner_group", "run_selector", "stack", "deployment", "run")
     print(f"  vacuum analyze {vacuum_s:.1f} s; total {time.perf_counter() - t0:.1f} s", flush=True)
@@ -450,9 +414,9 @@ def _refill(case: Case, run_ids: list[uuid.UUID]) -> None:
 
     with transaction.atomic():
         # The FK is ON DELETE SET NULL: this also clears run.assigned_runner_id.
-        _execute("DELETE FROM runner WHERE runner_group_id = %s", [case.group.id])
+        execute("DELETE FROM runner WHERE runner_group_id = %s", [case.group.id])
         if run_ids:
-            _execute(
+            execute(
                 "UPDATE run SET status = 'pending', assigned_runner_id = NULL, assigned_at = NULL, "
                 "assigned_expires_at = NULL WHERE id = ANY(%s::uuid[])",
                 [run_ids],
@@ -461,7 +425,7 @@ def _refill(case: Case, run_ids: list[uuid.UUID]) -> None:
 
 def _claimable_matching(case: Case) -> int:
     return int(
-        _execute(
+        execute(
             "SELECT count(*) FROM run WHERE organization_id = %s AND selector_id = ANY(%s::bigint[]) "
             "AND status = 'pending' AND assigned_runner_id IS NULL",
             [case.group.organization_id, case.matching_ids],
@@ -470,8 +434,8 @@ def _claimable_matching(case: Case) -> int:
 
 
 def _ensure_floor_table() -> None:
-    _execute("CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
-    _execute("INSERT INTO bench_floor (id) SELECT g FROM generate_series(1, %s) g ON CONFLICT DO NOTHING", [FLOOR_ROWS])
+    execute("CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+    execute("INSERT INTO bench_floor (id) SELECT g FROM generate_series(1, %s) g ON CONFLICT DO NOTHING", [FLOOR_ROWS])
 
 
 def _floor_step(i: int) -> None:
@@ -778,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
     # Pollers and floor threads run side by side, each on its own pooled connection.
     os.environ.setdefault("GANTRY_DB_POOL_MAX", str(max(20, 2 * max(args.pollers) + 4)))
-    _bootstrap(url)
+    bootstrap(url, redis_url=DEFAULT_REDIS_URL)
     _ensure_floor_table()
     parts = urlsplit(url)
     print(f"database {parts.hostname}:{parts.port or 5432}/{unquote(parts.path.lstrip('/'))}")

@@ -47,11 +47,12 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
+
+from tests.bench.common import bootstrap, execute
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
 DEFAULT_DATABASE = "gantry_bench_reap"
@@ -63,39 +64,8 @@ CATEGORIES = ("expired", "startup", "lost", "backstop", "stub")
 
 def _bootstrap(database: str) -> None:
     server = os.environ.get("DATABASE_URL") or DEFAULT_SERVER
-    parts = urlsplit(server)
-    url = urlunsplit(parts._replace(path=f"/{database}"))
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gantry.settings")
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
-    os.environ.setdefault("GANTRY_SECRET_KEY", "bench-" + "x" * 50)
-    _ensure_database(url)
-
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
-
-
-def _ensure_database(url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    parts = urlsplit(url)
-    name = unquote(parts.path.lstrip("/"))
-    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            print(f"created database {name}")
-
-
-def _execute(query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall()) if cur.description else []
+    url = urlunsplit(urlsplit(server)._replace(path=f"/{database}"))
+    bootstrap(url, redis_url="redis://127.0.0.1:6379/0")
 
 
 # --------------------------------------------------------------------------- loading
@@ -201,7 +171,7 @@ def load(size: int, due_fraction: float) -> Case:
 
     from gantry.core.models import Organization, RunnerGroup, RunSelector
 
-    _execute(
+    execute(
         "TRUNCATE run_event, run_token, run, runner, deployment, stack, run_selector, runner_group, organization "
         "CASCADE"
     )
@@ -226,12 +196,12 @@ def load(size: int, due_fraction: float) -> Case:
         # Bulk-load mode for this transaction only: no FK checks, no NOTIFY or
         # runner-count triggers (the count is set below); rows are consistent
         # by construction.
-        _execute("SET LOCAL session_replication_role = replica")
-        _execute("SET LOCAL work_mem = '256MB'")
-        _execute(_PLAN_SQL, params)
-        _execute(_LOAD_SQL, params)
-        _execute("UPDATE runner_group SET runner_count = (SELECT count(*) FROM runner) WHERE id = %s", [group.id])
-    _execute("VACUUM (ANALYZE) run, runner, deployment, stack, runner_group")
+        execute("SET LOCAL session_replication_role = replica")
+        execute("SET LOCAL work_mem = '256MB'")
+        execute(_PLAN_SQL, params)
+        execute(_LOAD_SQL, params)
+        execute("UPDATE runner_group SET runner_count = (SELECT count(*) FROM runner) WHERE id = %s", [group.id])
+    execute("VACUUM (ANALYZE) run, runner, deployment, stack, runner_group")
     seconds = time.perf_counter() - t0
     print(f"  loaded {size:>9,} runs, {due:>7,} due, in {seconds:6.1f} s", flush=True)
     return Case(size=size, due_fraction=due_fraction, due=due, now=now, load_seconds=seconds)
@@ -338,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     from gantry.reapers import reapers
 
     load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    version = _execute("SHOW server_version")[0][0]
+    version = execute("SHOW server_version")[0][0]
     print(f"PostgreSQL {version}; cpus={os.cpu_count()}, load average {load_avg}; batch {args.batch_size}")
 
     rows = []

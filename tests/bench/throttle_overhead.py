@@ -27,32 +27,15 @@ import argparse
 import os
 import statistics
 import time
-from urllib.parse import unquote, urlsplit, urlunsplit
+
+from tests.bench.common import bootstrap
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_throttle"
 
 
 def _bootstrap() -> None:
-    url = os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/5")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gantry.settings")
-    os.environ.setdefault("GANTRY_SECRET_KEY", "bench-" + "x" * 50)
     os.environ.setdefault("GANTRY_LOG_LEVEL", "ERROR")
-
-    import psycopg
-    from psycopg import sql
-
-    parts = urlsplit(url)
-    name = unquote(parts.path.lstrip("/"))
-    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    bootstrap(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL, redis_url="redis://127.0.0.1:6379/5")
 
 
 def _pct(samples: list[float], q: float) -> float:
