@@ -84,3 +84,20 @@ class Launcher(ABC):
     def reap(self, handle: WorkerHandle) -> int | None:
         """Forget a worker that is no longer alive and clean up after it; its exit code when known."""
         return None
+
+    def startup_failure(self, handle: WorkerHandle) -> LaunchError | None:
+        """A launch that was accepted but can never start its runner (an image that will not pull, a Pod
+        that cannot create its container past a grace), or None while it may still start.
+
+        The coordinator asks this of every live worker; for an answer it
+        terminates and reaps the worker and reports the run as dispatch-failed
+        with the error's message. Launchers whose ``launch`` only returns once
+        the runner process exists never need it.
+        """
+        return None
+
+    def last_lines(self, handle: WorkerHandle, limit: int = 20) -> list[str]:
+        """The last ``limit`` lines the worker's runner wrote to its own output (its stdout and stderr),
+        oldest first; empty when the launcher cannot tell. Read before :meth:`reap`, which may delete them:
+        they go into the failure reason of a run whose worker died."""
+        return []

@@ -25,6 +25,8 @@ class FakeWorker:
     alive: bool = True
     exit_code: int | None = None
     terminated: bool = False
+    # Set by a test: the launch was accepted but its runner will never start.
+    startup_error: str | None = None
 
 
 @dataclass
@@ -68,6 +70,11 @@ class FakeLauncher(Launcher):
     def worker(self, run_id: str) -> FakeWorker:
         return self.world.workers[run_id]
 
+    def fail_startup(self, run_id: str, message: str = "fake image pull failure") -> None:
+        """The worker of ``run_id`` turns out unable to start (see :meth:`Launcher.startup_failure`)."""
+        with self.world.lock:
+            self.world.workers[run_id].startup_error = message
+
     # ------------------------------------------------------------ Launcher
 
     def launch(self, assignment: Assignment) -> WorkerHandle:
@@ -104,6 +111,13 @@ class FakeLauncher(Launcher):
                 worker.alive = False
                 worker.terminated = True
                 worker.exit_code = -15
+
+    def startup_failure(self, handle: WorkerHandle) -> LaunchError | None:
+        with self.world.lock:
+            worker = self.world.workers.get(handle.run_id)
+            if worker is None or worker.startup_error is None:
+                return None
+            return LaunchError(worker.startup_error, permanent=True)
 
     def reap(self, handle: WorkerHandle) -> int | None:
         with self.world.lock:

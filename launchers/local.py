@@ -213,6 +213,19 @@ class LocalLauncher(Launcher):
                 return proc.poll() is None
         return _is_our_process(int(handle.meta["pid"]), handle.meta.get("start_ticks"), handle.run_id)
 
+    def last_lines(self, handle: WorkerHandle, limit: int = 20) -> list[str]:
+        """The tail of the runner's own log file (``logs/<run id>.log``)."""
+        path = Path(handle.meta.get("log") or self.log_file(handle.run_id))
+        try:
+            with open(path, "rb") as fh:
+                # The tail only: a runner's own log is small, but never read it whole.
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 64 * 1024))
+                data = fh.read()
+        except OSError:
+            return []
+        return data.decode(errors="replace").splitlines()[-limit:]
+
     # ------------------------------------------------------------ terminate / reap
 
     def terminate(self, handle: WorkerHandle, grace: float = 10.0) -> None:

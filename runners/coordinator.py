@@ -142,6 +142,16 @@ class Coordinator:
     def reap(self) -> None:
         for run_id, handle in list(self.workers.items()):
             if self.launcher.is_alive(handle):
+                failure = self.launcher.startup_failure(handle)
+                if failure is None:
+                    continue
+                # Launched, but it will never start its runner (an image that
+                # does not pull): stop it and fail the run as a dispatch failure.
+                self.launcher.terminate(handle, grace=0)
+                self.launcher.reap(handle)
+                del self.workers[run_id]
+                self._dispatch_failed(Claim(run_id=run_id, runner_id=handle.runner_id, runner_token="",
+                                            assigned_expires_at=""), failure)  # fmt: skip
                 continue
             code = self.launcher.reap(handle)
             del self.workers[run_id]

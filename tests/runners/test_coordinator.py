@@ -66,6 +66,25 @@ def test_it_claims_launches_and_reaps(site: Site, caplog: pytest.LogCaptureFixtu
     assert exited.getMessage() == f"worker for run {run.id} exited with code 0"
 
 
+def test_it_reports_a_worker_that_can_never_start_as_dispatch_failed(site: Site) -> None:
+    run = site.deploy({"steps": [{"name": "x", "run": "true"}]})
+    fake = FakeLauncher()
+    coord = coordinator(site, fake)
+    coord.step()
+    runner_id = fake.launched[0].runner_id
+
+    fake.fail_startup(str(run.id), "image gantry-runner:nope not found")
+    coord.step()
+
+    assert coord.workers == {}
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILURE
+    assert "image gantry-runner:nope not found" in run.failure_reason
+    assert not Runner.objects.filter(id=runner_id).exists()
+    group = RunnerGroup.objects.get(id=site.group.id)
+    assert group.last_dispatch_error == "image gantry-runner:nope not found"
+
+
 def test_it_polls_only_while_it_has_free_capacity(site: Site) -> None:
     first = site.deploy({"steps": [{"name": "x", "run": "true"}]})
     second = second_stack_run(site)

@@ -230,6 +230,14 @@ def test_terminate_stops_a_worker(make_launcher: Callable[[], LocalLauncher], sh
     assert launcher.reap(handle) == -signal.SIGTERM
 
 
+def test_last_lines_are_the_tail_of_the_runners_own_log(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path / "state")
+    handle = launchers.WorkerHandle(kind="local", run_id="r1", runner_id="x", ident="1", started_at=0.0)
+    assert launcher.last_lines(handle) == []  # nothing written yet
+    launcher.log_file("r1").write_text("".join(f"line {i}\n" for i in range(100)))
+    assert launcher.last_lines(handle, limit=3) == ["line 97", "line 98", "line 99"]
+
+
 def test_a_missing_interpreter_is_a_permanent_launch_error(tmp_path: Path) -> None:
     launcher = LocalLauncher(tmp_path / "state", python=str(tmp_path / "no-such-python"))
     with pytest.raises(LaunchError) as info:
