@@ -41,6 +41,8 @@ class Assignment:
     # The runner JWT: a secret. Kept out of repr so it never lands in a log line.
     runner_token: str = field(repr=False)
     assigned_expires_at: str = ""
+    # The runner group the coordinator serves (launchers label their workers with it).
+    group_id: str = ""
 
 
 @dataclass
@@ -57,6 +59,10 @@ class WorkerHandle:
 
 class Launcher(ABC):
     kind: ClassVar[str] = ""
+    # Set by the coordinator before the first call: the group it serves. A
+    # launcher that labels its workers discovers only its own group's, so two
+    # coordinators sharing a Docker host or a namespace never touch each other's.
+    group_id: str = ""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:

@@ -15,6 +15,7 @@ one exception of 429 (honouring ``Retry-After``). Every error surfaces as
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -159,6 +160,17 @@ class GantryClient:
         self._lock = threading.Lock()
         self._inflight: set[http.client.HTTPConnection] = set()
         self._aborted = False
+
+    @property
+    def token_subject(self) -> str:
+        """The ``sub`` claim of this client's JWT (a group token's group id), read without verifying it:
+        the server verifies; the client only needs to know which group it speaks for. Empty if unreadable."""
+        try:
+            payload = (self.token or "").split(".")[1]
+            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        except (IndexError, ValueError, TypeError):
+            return ""
+        return str(claims.get("sub", "")) if isinstance(claims, dict) else ""
 
     # ------------------------------------------------------------ plumbing
 

@@ -73,6 +73,9 @@ class Coordinator:
         self.launcher = launcher
         self.settings = settings or Settings()
         self.workers: dict[str, WorkerHandle] = {}
+        # The group this coordinator serves: its launcher labels workers with it and discovers only those.
+        self.group_id = client.token_subject
+        launcher.group_id = self.group_id
         self.stop_event = threading.Event()
         self._server_failures = 0
         self._launch_failures = 0
@@ -169,6 +172,7 @@ class Coordinator:
             runner_id=claim.runner_id,
             runner_token=claim.runner_token,
             assigned_expires_at=claim.assigned_expires_at,
+            group_id=self.group_id,
         )
         attempt = 0
         while True:

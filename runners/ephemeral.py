@@ -89,6 +89,23 @@ class Config:
     timeout: float = 30.0
 
 
+def _token_from_file(path: str) -> str:
+    """The runner token from a file a launcher put there (a container's copied-in file, a Pod's Secret).
+
+    Removed once read where the runner may (a copied-in file), so no step it
+    runs can read it afterwards; a read-only mount (a Kubernetes Secret) stays.
+    """
+    if not path:
+        return ""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError:
+        return ""
+    with contextlib.suppress(OSError):
+        Path(path).unlink()
+    return token
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Config:
     env = os.environ
     parser = argparse.ArgumentParser(
@@ -117,14 +134,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--keep-work-dir", action="store_true", help="leave the work folder in place (debugging)")
     parser.add_argument("--log-level", default=env.get("GANTRY_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
-    token = env.get("GANTRY_RUNNER_TOKEN", "")
+    token = env.get("GANTRY_RUNNER_TOKEN", "") or _token_from_file(env.get("GANTRY_RUNNER_TOKEN_FILE", ""))
     missing = [
         name
         for name, value in (
             ("--server / GANTRY_SERVER", args.server),
             ("--runner-id / GANTRY_RUNNER_ID", args.runner_id),
             ("--run-id / GANTRY_RUN_ID", args.run_id),
-            ("GANTRY_RUNNER_TOKEN", token),
+            ("GANTRY_RUNNER_TOKEN (or GANTRY_RUNNER_TOKEN_FILE)", token),
         )
         if not value
     ]
@@ -556,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     # Nothing we start may inherit the runner's credential.
     os.environ.pop("GANTRY_RUNNER_TOKEN", None)
+    os.environ.pop("GANTRY_RUNNER_TOKEN_FILE", None)
     runner = EphemeralRunner(cfg)
     runner.install_signal_handlers()
     try:

@@ -52,6 +52,7 @@ def test_it_claims_launches_and_reaps(site: Site, caplog: pytest.LogCaptureFixtu
     assert [a.run_id for a in fake.launched] == [str(run.id)]
     assignment = fake.launched[0]
     assert assignment.server == site.url
+    assert assignment.group_id == str(site.group.id) == fake.group_id
     assert Runner.objects.filter(id=assignment.runner_id).exists()
     assert assignment.runner_token
     assert list(coord.workers) == [str(run.id)]

@@ -113,6 +113,21 @@ def test_it_runs_the_steps_and_reports_success(site: Site, runners: list[RunnerP
     assert (site.tmp / f"{run.id}.exit").read_text().strip() == "0"
 
 
+def test_the_token_can_come_from_a_file_that_the_runner_removes(site: Site, runners: list[RunnerProcess]) -> None:
+    token_file = site.tmp / "runner-token"
+    run = site.deploy({"steps": [{"name": "look", "run": f"test -e {token_file} || echo token-file-gone"}]})
+    got = site.claim()
+    token_file.write_text(got.runner_token + "\n")
+    runner = start_runner(site, got, GANTRY_RUNNER_TOKEN="", GANTRY_RUNNER_TOKEN_FILE=str(token_file))
+    runners.append(runner)
+
+    assert runner.wait(60) == 0
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
+    assert not token_file.exists()
+    assert "token-file-gone" in read_log(site, run.id)["text"].splitlines()
+
+
 def test_a_failing_step_fails_the_run_with_its_exit_code(site: Site, runners: list[RunnerProcess]) -> None:
     spec = {"steps": [{"name": "breaks", "run": "echo before; exit 3"}, {"name": "never", "run": "echo never"}]}
     run, runner = launch(site, runners, spec)
