@@ -46,6 +46,7 @@ from django.db import connection, transaction
 from gantry import conf, metrics
 from gantry.core import services
 from gantry.core.errors import GantryError
+from gantry.reapers import stubs
 
 log = logging.getLogger("gantry.reapers")
 
@@ -251,7 +252,7 @@ def inactive_runners(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
         after, examined = _BEFORE_ALL, 0
         while examined < max_rows:
             limit = min(batch_size, max_rows - examined)
-            batch = services.runner_delete_stubs(created_before=created_before, now=now, limit=limit, after=after)
+            batch = stubs.runner_delete_stubs(created_before=created_before, now=now, limit=limit, after=after)
             counts["stub_deleted"] += len(batch.deleted)
             examined += batch.examined
             if batch.last is None or batch.examined < limit:

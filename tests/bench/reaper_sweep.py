@@ -259,12 +259,12 @@ def explain(now: datetime, batch_size: int) -> None:
     from django.db import connection, transaction
 
     from gantry import conf
-    from gantry.core import services
+    from gantry.reapers import stubs as stub_reaper
 
     first = {"after_key": datetime(1, 1, 1, tzinfo=UTC), "after_id": uuid.UUID(int=0), "limit": batch_size}
     statements = [(name, sql, {**params, **first}) for name, sts in _selections(now).items() for sql, params in sts]
     stubs = {"created_before": now - timedelta(seconds=conf.get().stub_cutoff), "now": now, **first}
-    statements.append(("inactive_runners: the stub DELETE", services._DELETE_STUBS_SQL, stubs))
+    statements.append(("inactive_runners: the stub DELETE", stub_reaper.DELETE_STUBS_SQL, stubs))
     for name, sql, params in statements:
         print(f"\n--- EXPLAIN (ANALYZE, BUFFERS) {name}, first batch of {batch_size}")
         with contextlib.suppress(_Rollback), transaction.atomic(), connection.cursor() as cur:

@@ -47,6 +47,26 @@ def test_it_assigns_a_pending_run_with_a_lease_of_the_configured_ttl(stack: Stac
     assert event_kinds(run) == ["created", "assigned"]
 
 
+def test_it_refuses_to_reassign_a_run_whose_lapsed_lease_still_names_a_live_runner(
+    stack: Stack, group: RunnerGroup
+) -> None:
+    """The claim's guard: One Runner Per Run holds on this edge too."""
+    run = deploy(stack, now=at(0))
+    first = new_runner(group)
+    services.run_assign(run_id=run.id, runner=first, now=at(1))
+    lapsed = at(1) + lease() + timedelta(seconds=1)
+    services.run_reset_lease(run_id=run.id, now=lapsed)
+    before, events = row(run), event_count()
+
+    with pytest.raises(Conflict) as exc:
+        services.run_assign(run_id=run.id, runner=new_runner(group), now=lapsed)
+
+    assert exc.value.code == "invalid_transition"
+    assert "no live runner" in exc.value.detail
+    assert row(run) == before
+    assert event_count() == events
+
+
 def test_it_takes_the_lease_length_from_gantry_assignment_ttl(
     stack: Stack, group: RunnerGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,11 +210,16 @@ def test_it_names_a_run_reassigned_to_another_runner(stack: Stack, group: Runner
     assert d.runner is not None
     later = at(1) + lease() + timedelta(seconds=1)
     services.run_reset_lease(run_id=d.run.id, now=later)
+    # The run stays bound to its first runner until that one's row is gone
+    # (One Runner Per Run); a reaper deleted it, say, but the process is still
+    # booting towards /accept with its token.
+    first_runner = d.runner.id
+    services.runner_deregister(runner_id=first_runner, now=later)
     other = new_runner(group)
     services.run_assign(run_id=d.run.id, runner=other, now=later)
     before, events = row(d.run), event_count()
 
-    err = _refused(d.run, d.runner.id, later)
+    err = _refused(d.run, first_runner, later)
 
     assert err.code == "conflict"
     assert "reassigned" in err.detail

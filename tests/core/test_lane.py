@@ -150,7 +150,8 @@ def test_it_stamps_first_pending_at_once_across_a_lease_reset_cycle(stack: Stack
     assert run.assigned_at is None
     assert run.assigned_expires_at is None
 
-    # A second cycle, by another runner, still keeps the original stamp.
+    # A second cycle, by another runner (once the first is gone), still keeps the original stamp.
+    services.runner_deregister(runner_id=runner.id, now=reset_at)
     other = new_runner(group)
     services.run_assign(run_id=run.id, runner=other, now=reset_at)
     services.run_reset_lease(run_id=run.id, now=reset_at + lease() + lease())

@@ -51,6 +51,7 @@ def test_it_writes_one_event_per_transition_along_every_edge(stack: Stack, group
     assert t.step(lambda: services.run_assign(run_id=a.id, runner=runner_a, now=at(2))) == [(a.id, "assigned")]
     lapsed = at(2) + lease() + timedelta(seconds=1)
     assert t.step(lambda: services.run_reset_lease(run_id=a.id, now=lapsed)) == [(a.id, "lease_expired")]
+    services.runner_deregister(runner_id=runner_a.id, now=lapsed)  # no event: the runner, not the run, goes
     runner_a2 = new_runner(group)
     assert t.step(lambda: services.run_assign(run_id=a.id, runner=runner_a2, now=lapsed)) == [(a.id, "assigned")]
     assert t.step(lambda: services.run_accept(run_id=a.id, runner_id=runner_a2.id, now=lapsed)) == [(a.id, "accepted")]

@@ -1,0 +1,91 @@
+"""Every write to Gantry's domain goes through a function here (docs/design.md).
+
+Views, admin actions, reapers and the dispatcher call these; nothing else
+changes a run's status. Callers import the package (``from gantry.core import
+services``); the functions live in one module per concern:
+
+- ``transitions`` — the guarded UPDATE every transition is made of, events, lanes
+- ``runs`` — a run's edges: assign, lease reset, accept, cancel, finish, fail, time out
+- ``deployments`` — queue, skip, retry
+- ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete
+- ``tenancy`` — organizations, memberships, runner groups, stacks
+
+The one other place that moves a run is the poll's claim
+(``gantry.dispatch.claim``): pending → assigned, in one SQL statement.
+"""
+
+from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
+from gantry.core.services.runners import (
+    RUNNER_METADATA,
+    LostRunner,
+    dispatch_failed,
+    holds_run_sql,
+    runner_deregister,
+    runner_fail_lost,
+    runner_force_delete,
+    runner_ready,
+    runner_seen,
+)
+from gantry.core.services.runs import (
+    run_accept,
+    run_acknowledge_cancel,
+    run_assign,
+    run_cancel_backstop,
+    run_fail,
+    run_finish,
+    run_request_cancellation,
+    run_reset_lease,
+    run_startup_timeout,
+)
+from gantry.core.services.tenancy import (
+    membership_set,
+    org_create,
+    org_set_runs_per_hour_limit,
+    org_update,
+    runner_group_create,
+    runner_group_rotate_token,
+    runner_group_set_drained,
+    runner_group_update,
+    stack_create,
+    stack_update,
+)
+from gantry.core.services.transitions import NOTIFY_CHANNEL, notify_claimable, selector_id_for, stack_promote_next
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "RETRYABLE",
+    "RUNNER_METADATA",
+    "LostRunner",
+    "deployment_create",
+    "deployment_retry",
+    "deployment_skip",
+    "dispatch_failed",
+    "holds_run_sql",
+    "membership_set",
+    "notify_claimable",
+    "org_create",
+    "org_set_runs_per_hour_limit",
+    "org_update",
+    "run_accept",
+    "run_acknowledge_cancel",
+    "run_assign",
+    "run_cancel_backstop",
+    "run_fail",
+    "run_finish",
+    "run_request_cancellation",
+    "run_reset_lease",
+    "run_startup_timeout",
+    "runner_deregister",
+    "runner_fail_lost",
+    "runner_force_delete",
+    "runner_group_create",
+    "runner_group_rotate_token",
+    "runner_group_set_drained",
+    "runner_group_update",
+    "runner_ready",
+    "runner_seen",
+    "selector_id_for",
+    "stack_create",
+    "stack_promote_next",
+    "stack_update",
+]
