@@ -1,4 +1,10 @@
-"""The one place errors become HTTP answers: ``{"code": ..., "detail": ...}``."""
+"""The one place errors become HTTP answers: ``{"code": ..., "detail": ...}``.
+
+Gantry's own errors carry their code, status and headers
+(``gantry.core.errors``). DRF's exceptions (bad JSON, a missing credential, a
+wrong method, its validation errors) are mapped onto those classes here, so
+the codes a client can meet are exactly the registry's.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +16,22 @@ from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from gantry.core.errors import GantryError
+from gantry.core import errors
 
 log = logging.getLogger("gantry.api")
 
-# DRF's own exceptions, mapped onto the contract's codes.
-_DRF_CODES: dict[type[drf.APIException], str] = {
-    drf.NotAuthenticated: "not_authenticated",
-    drf.AuthenticationFailed: "authentication_failed",
-    drf.PermissionDenied: "forbidden",
-    drf.NotFound: "not_found",
-    drf.MethodNotAllowed: "method_not_allowed",
-    drf.NotAcceptable: "not_acceptable",
-    drf.UnsupportedMediaType: "unsupported_media_type",
-    drf.ParseError: "invalid_json",
-    drf.ValidationError: "invalid_request",
-    drf.Throttled: "throttled",
-}
+# DRF's own exceptions, as the registry's classes (most specific first).
+_FROM_DRF: tuple[tuple[type[drf.APIException], type[errors.GantryError]], ...] = (
+    (drf.NotAuthenticated, errors.NotAuthenticated),
+    (drf.AuthenticationFailed, errors.AuthenticationFailed),
+    (drf.PermissionDenied, errors.Forbidden),
+    (drf.NotFound, errors.NotFound),
+    (drf.MethodNotAllowed, errors.MethodNotAllowed),
+    (drf.NotAcceptable, errors.NotAcceptable),
+    (drf.UnsupportedMediaType, errors.UnsupportedMediaType),
+    (drf.ParseError, errors.InvalidJson),
+    (drf.ValidationError, errors.InvalidRequest),
+)
 
 
 def _flatten(detail: Any) -> str:
@@ -39,7 +44,7 @@ def _flatten(detail: Any) -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, GantryError):
+    if isinstance(exc, errors.GantryError):
         request = context.get("request")
         log.log(
             exc.log_level,
@@ -47,21 +52,19 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             exc.detail,
             extra={"event": "api.refused", "code": exc.code, "path": getattr(request, "path", None)},
         )
-        return Response(exc.as_dict(), status=exc.http_status)
+        return Response(exc.as_dict(), status=exc.http_status, headers=exc.headers())
     if isinstance(exc, Http404):
         exc = drf.NotFound("not found")
     elif isinstance(exc, DjangoPermissionDenied):
         exc = drf.PermissionDenied()
     if not isinstance(exc, drf.APIException):
         return None  # a bug: let Django answer 500 and log the traceback
-    code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), "error")
+    cls = next((ours for theirs, ours in _FROM_DRF if isinstance(exc, theirs)), None)
+    code = cls.code if cls is not None else errors.GantryError.code
     body: dict[str, Any] = {"code": code, "detail": _flatten(exc.detail)}
     if isinstance(exc, drf.ValidationError) and isinstance(exc.detail, dict):
         body["fields"] = exc.detail
     headers = {}
     if getattr(exc, "auth_header", None):
         headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
-    wait = getattr(exc, "wait", None)
-    if isinstance(exc, drf.Throttled) and wait is not None:
-        headers["Retry-After"] = str(int(wait))
     return Response(body, status=exc.status_code, headers=headers)

@@ -21,7 +21,7 @@ from gantry import conf
 from gantry.api.auth import GroupPrincipal, IsRunner, IsRunnerGroup, RunnerPrincipal
 from gantry.api.serializers import SpecSerializer, error_responses
 from gantry.core import services
-from gantry.core.errors import Forbidden, InvalidRequest
+from gantry.core.errors import InvalidRequest, RunBinding
 from gantry.core.models import RunStatus
 from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
@@ -51,9 +51,9 @@ def _runner(
     principal = request.user
     assert isinstance(principal, RunnerPrincipal)
     if run_id is not None and run_id != principal.run_id:
-        raise Forbidden("this runner token is bound to another run", code="run_binding")
+        raise RunBinding("this runner token is bound to another run")
     if runner_id is not None and runner_id != principal.runner.id:
-        raise Forbidden("this runner token belongs to another runner", code="run_binding")
+        raise RunBinding("this runner token belongs to another runner")
     return principal
 
 

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gantry.core.errors import Conflict, InvalidRequest, NotFound, RunTerminal
+from gantry.core.errors import ChunkExists, Conflict, InvalidRequest, NotFound, RunTerminal
 from gantry.core.models import EXECUTING, TERMINAL, Run
 from gantry.logs import live
 from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS
@@ -94,7 +94,7 @@ def chunk_store_upload(*, grant: UploadGrant, data: bytes) -> UploadResult:
         return UploadResult(created=True)
     if storage.get(grant.run_id, grant.n) == data:
         return UploadResult(created=False)
-    raise Conflict(f"chunk {grant.n} of this run is already stored with other content", code="chunk_exists")
+    raise ChunkExists(f"chunk {grant.n} of this run is already stored with other content")
 
 
 def flush_live_log(run_id: uuid.UUID) -> bool:

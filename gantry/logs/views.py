@@ -22,7 +22,7 @@ from gantry.api.runner_views import _runner
 from gantry.api.serializers import ErrorSerializer
 from gantry.api.views import UserView, scoped
 from gantry.api.views import _errors as user_errors
-from gantry.core.errors import GantryError, InvalidRequest
+from gantry.core.errors import InvalidRequest, UploadUrlInvalid
 from gantry.core.models import Run
 from gantry.logs import services
 from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS, PAGE_BYTES
@@ -119,11 +119,6 @@ class ChunkUploadUrlView(APIView):
         answer = put.as_dict()
         answer["url"] = request.build_absolute_uri(put.url)  # Gantry's own URL is a path; S3's is absolute
         return Response(PresignedPutSerializer(answer).data)
-
-
-class UploadUrlInvalid(GantryError):
-    code = "upload_url_invalid"
-    http_status = 401
 
 
 class RawParser(BaseParser):

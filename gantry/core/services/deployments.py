@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from gantry.core import specs
-from gantry.core.errors import Conflict, InvalidRequest, InvalidTransition, NotFound
+from gantry.core.errors import InvalidRequest, InvalidTransition, NotFound, NotRetryable, NotSkippable
 from gantry.core.models import (
     NEVER_STARTED,
     Deployment,
@@ -61,13 +61,14 @@ def deployment_skip(*, deployment_id: int, by: User | None = None, now: datetime
     now = resolve_now(now)
     run = newest_run(deployment_id)
     if run.status not in NEVER_STARTED:
-        raise Conflict(f"only a deployment that has not started can be skipped; its run is {run.status}",
-                       code="not_skippable", status=run.status)  # fmt: skip
+        raise NotSkippable(
+            f"only a deployment that has not started can be skipped; its run is {run.status}", status=run.status
+        )
     detail = {"by": by.get_username()} if by is not None else {}
     try:
         terminate(run.id, expected=NEVER_STARTED, target=RunStatus.DISCARDED, now=now, event="skipped", detail=detail)
     except InvalidTransition as exc:
-        raise Conflict(exc.detail, code="not_skippable", **exc.extra) from exc
+        raise NotSkippable(exc.detail, **exc.extra) from exc
     return Deployment.objects.get(id=deployment_id)
 
 
@@ -85,9 +86,8 @@ def deployment_retry(*, deployment_id: int, by: User | None = None, now: datetim
         # Read under the stack lock: two retries of one deployment serialise here.
         run = newest_run(deployment_id)
         if run.status not in RETRYABLE:
-            raise Conflict(
+            raise NotRetryable(
                 f"only a failed, timed-out or cancelled deployment can be retried; its run is {run.status}",
-                code="not_retryable",
                 status=run.status,
             )
         # One transition, one event: the retry's origin goes into its "created" event

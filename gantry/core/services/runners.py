@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 
 from gantry import conf
-from gantry.core.errors import Conflict, NotFound
+from gantry.core.errors import NotFound, RunnerBusy, RunnerHoldsRun, RunnerNotOffline
 from gantry.core.models import (
     EXECUTING,
     Run,
@@ -69,7 +69,7 @@ def runner_ready(*, runner_id: uuid.UUID, metadata: dict[str, Any] | None = None
     if current is None:
         raise NotFound("runner not found")
     if current == RunnerStatus.BUSY:
-        raise Conflict("runner has already accepted its run", code="runner_busy")
+        raise RunnerBusy("runner has already accepted its run")
     if extra:
         Runner.objects.filter(id=runner_id).update(**extra)
 
@@ -109,7 +109,7 @@ def runner_deregister(*, runner_id: uuid.UUID, now: datetime | None = None) -> N
             return
     if not Runner.objects.filter(id=runner_id).exists():
         raise NotFound("runner not found")
-    raise Conflict("runner still holds a run; finish it (or let its lease lapse) first", code="runner_holds_run")
+    raise RunnerHoldsRun("runner still holds a run; finish it (or let its lease lapse) first")
 
 
 def dispatch_failed(
@@ -224,10 +224,9 @@ def runner_force_delete(
         eligible_at = seen + gate
         if now < eligible_at:
             what = "last seen" if runner.last_seen_at else "created (never seen)"
-            raise Conflict(
+            raise RunnerNotOffline(
                 f"runner was {what} at {seen.isoformat()}; it may be force-deleted once it has been offline for "
                 f"{gate.total_seconds():.0f} s (GANTRY_RUNNER_FORCE_GATE), from {eligible_at.isoformat()}",
-                code="runner_not_offline",
                 eligible_at=eligible_at.isoformat(),
             )
         failed = (

@@ -9,7 +9,6 @@ statement with the same guards as :func:`run_assign`.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -20,7 +19,15 @@ from django.db import transaction
 
 from gantry import conf
 from gantry.core import tokens
-from gantry.core.errors import Conflict, InvalidRequest, InvalidTransition, NotFound, RunTerminal
+from gantry.core.errors import (
+    AcceptResponseUndeliverable,
+    Conflict,
+    InvalidRequest,
+    InvalidTransition,
+    NotFound,
+    RunAlreadyTerminal,
+    RunTerminal,
+)
 from gantry.core.models import (
     EXECUTING,
     LANE_HOLDERS,
@@ -119,9 +126,7 @@ def _accept_refusal(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime) -
     if run is None:
         return NotFound("run not found")
     if run.status in (RunStatus.DISCARDED, RunStatus.CANCELLED):
-        err = Conflict(f"run is already {run.status}", code="run_already_terminal", status=run.status)
-        err.log_level = logging.INFO
-        return err
+        return RunAlreadyTerminal(f"run is already {run.status}", status=run.status)
     if run.status in EXECUTING and run.assigned_runner_id == runner_id:
         # A second accept from the runner that already accepted can only mean
         # the first answer never reached it: the context (and its one-time
@@ -134,9 +139,8 @@ def _accept_refusal(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime) -
             expected=EXECUTING,
             now=now,
         )
-        return Conflict(
+        return AcceptResponseUndeliverable(
             "the first accept's answer was not delivered; the run has been failed and may be retried",
-            code="accept_response_undeliverable",
             status=RunStatus.FAILURE,
         )
     if run.status == RunStatus.PENDING:

@@ -10,7 +10,7 @@ from django.db.models import F
 from rest_framework.authtoken.models import Token
 
 from gantry.core import specs, tokens
-from gantry.core.errors import Conflict, InvalidRequest
+from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken
 from gantry.core.models import (
     Membership,
     Organization,
@@ -25,7 +25,7 @@ from gantry.core.services.transitions import (
 
 def org_create(*, slug: str, name: str) -> Organization:
     if Organization.objects.filter(slug=slug).exists():
-        raise Conflict(f"an organization with slug {slug!r} exists", code="slug_taken")
+        raise SlugTaken(f"an organization with slug {slug!r} exists")
     return Organization.objects.create(slug=slug, name=name)
 
 
@@ -102,7 +102,7 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
     if RunnerGroup.objects.filter(organization=org, name=name).exists():
-        raise Conflict(f"a runner group named {name!r} exists in this organization", code="name_taken")
+        raise NameTaken(f"a runner group named {name!r} exists in this organization")
     group = RunnerGroup.objects.create(organization=org, name=name, **fields)
     return group, tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
 
@@ -116,7 +116,7 @@ def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
         .exclude(id=group.id)
         .exists()
     ):
-        raise Conflict(f"a runner group named {fields['name']!r} exists in this organization", code="name_taken")
+        raise NameTaken(f"a runner group named {fields['name']!r} exists in this organization")
     for key, value in fields.items():
         setattr(group, key, value)
     if fields:
@@ -143,7 +143,7 @@ def runner_group_set_drained(*, group: RunnerGroup, drained: bool) -> RunnerGrou
 
 def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any = None, secrets: Any = None) -> Stack:
     if Stack.objects.filter(organization=org, name=name).exists():
-        raise Conflict(f"a stack named {name!r} exists in this organization", code="name_taken")
+        raise NameTaken(f"a stack named {name!r} exists in this organization")
     return Stack.objects.create(
         organization=org,
         name=name,
@@ -167,7 +167,7 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
         .exclude(id=stack.id)
         .exists()
     ):
-        raise Conflict(f"a stack named {fields['name']!r} exists in this organization", code="name_taken")
+        raise NameTaken(f"a stack named {fields['name']!r} exists in this organization")
     for key, value in fields.items():
         setattr(stack, key, value)
     if fields:
