@@ -45,6 +45,9 @@ if sys.version_info < (3, 11):  # noqa: UP036 - the check is for whoever runs th
     sys.exit(f"Gantry needs Python 3.11 or newer; this is {sys.version.split()[0]}.")
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from runners import procfs  # noqa: E402 - standard library only, like this script; needs ROOT on the path
+
 VENV = ROOT / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
 # The sha256 of the requirements files the venv was last installed from:
@@ -561,29 +564,6 @@ def _read_pid(path: Path) -> int | None:
     return int(first) if first.isdigit() else None
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has exited; only its parent's wait is missing)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        # Field 3 of /proc/PID/stat is the state; the command name before it may hold spaces.
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux): trust kill(0)
-    return state != "Z"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def stop_process(pid_file: Path, *, expect: str, signum: signal.Signals, timeout: float = 30.0) -> int | None:
     """Signal the process named in ``pid_file`` and wait for it to exit; return its pid if one was running.
 
@@ -591,16 +571,16 @@ def stop_process(pid_file: Path, *, expect: str, signum: signal.Signals, timeout
     pid file never gets an unrelated process signalled.
     """
     pid = _read_pid(pid_file)
-    if pid is None or not _running(pid):
+    if pid is None or not procfs.running(pid):
         return None
-    cmdline = _cmdline(pid)
+    cmdline = b" ".join(procfs.cmdline(pid)).decode(errors="replace")
     if cmdline and expect not in cmdline:
         return None
     os.kill(pid, signum)
     deadline = time.monotonic() + timeout
-    while _running(pid) and time.monotonic() < deadline:
+    while procfs.running(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _running(pid):
+    if procfs.running(pid):
         os.kill(pid, signal.SIGKILL)
     return pid
 

@@ -38,18 +38,15 @@ from typing import Any
 
 from launchers import register
 from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
+from runners import procfs
 from runners.logsetup import event
+from runners.protocol import RUNNER_INHERITED_ENV
 
 log = logging.getLogger("gantry.launcher.local")
 
 # The folder holding the `runners` package: the worker's working directory and PYTHONPATH.
 CODE_ROOT = Path(__file__).resolve().parent.parent
 MODULE = "runners.ephemeral"
-# What a runner inherits from the coordinator's environment (plus `pass_env`).
-INHERITED_ENV = (
-    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM",
-    "VIRTUAL_ENV", "GANTRY_LOG_LEVEL", "GANTRY_STOP_GRACE",
-)  # fmt: skip
 
 
 @register("local")
@@ -99,7 +96,7 @@ class LocalLauncher(Launcher):
     # ------------------------------------------------------------ launch
 
     def _env(self, assignment: Assignment) -> dict[str, str]:
-        env = {name: os.environ[name] for name in (*INHERITED_ENV, *self.pass_env) if name in os.environ}
+        env = {name: os.environ[name] for name in (*RUNNER_INHERITED_ENV, *self.pass_env) if name in os.environ}
         env.update(self.extra_env)
         env.update(
             {
@@ -145,7 +142,11 @@ class LocalLauncher(Launcher):
             runner_id=assignment.runner_id,
             ident=str(proc.pid),
             started_at=time.time(),
-            meta={"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "log": str(self.log_file(assignment.run_id))},
+            meta={
+                "pid": proc.pid,
+                "start_ticks": procfs.start_ticks(proc.pid),
+                "log": str(self.log_file(assignment.run_id)),
+            },
         )
         self._children[assignment.run_id] = proc
         self._write_record(handle)
@@ -263,43 +264,26 @@ class LocalLauncher(Launcher):
         return code
 
 
-# ---------------------------------------------------------------- /proc helpers (Linux; degrade elsewhere)
-
-
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """Fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    # Field 22 of stat (starttime) is index 19 after the name.
-    return int(fields[19]) if fields and len(fields) > 19 else None
+# ---------------------------------------------------------------- processes (runners.procfs)
 
 
 def _is_our_process(pid: int, start_ticks: Any, run_id: str) -> bool:
+    """Whether ``pid`` is still the worker we started for ``run_id``: alive, same start time, our command line."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return False  # someone else's process now: our worker runs as us
-    fields = _stat_fields(pid)
+    fields = procfs.stat_fields(pid)
     if fields is None:
         return not Path("/proc").is_dir()  # no /proc: kill(0) is all we can know
-    if fields[0] == b"Z":
+    if fields[procfs.STATE] == b"Z":
         return False
-    if start_ticks is not None and int(fields[19]) != int(start_ticks):
+    if start_ticks is not None and int(fields[procfs.START_TIME]) != int(start_ticks):
         return False  # the pid was reused
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return MODULE.encode() in cmdline and run_id.encode() in cmdline
+    argv = procfs.cmdline(pid)
+    return MODULE.encode() in argv and run_id.encode() in argv
 
 
 def _kill_session(sid: int, *, leader_is_zombie: bool) -> int:
@@ -320,17 +304,10 @@ def _kill_session(sid: int, *, leader_is_zombie: bool) -> int:
         except PermissionError:
             return 0
     killed = 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return 0
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == sid:
+    for pid in procfs.members(procfs.SESSION, sid):
+        if pid == sid:
             continue
-        fields = _stat_fields(int(entry))
-        # After the name: state, ppid, pgrp, session.
-        if fields and len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry), signal.SIGKILL)
-                killed += 1
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
     return killed

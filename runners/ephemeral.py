@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,12 +40,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 from runners import logsetup
 from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable
 from runners.logbuf import LogBuffer, LogShipper, Manifest
 from runners.logsetup import event
+from runners.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES
+from runners.steps import EXIT_CANNOT_EXECUTE, EXIT_TIMEOUT, STOP_WORDS, StepLog, StepStartFailed, StepSupervisor
 
 log = logging.getLogger("gantry.runner")
 
@@ -56,20 +56,7 @@ EXIT_RUN_FAILED = 1
 EXIT_REFUSED = 2
 EXIT_UNREACHABLE = 3
 EXIT_INTERNAL = 4
-# The shell's convention for "killed by timeout" (coreutils timeout(1)).
-EXIT_TIMEOUT = 124
-
-TERMINAL = frozenset({"succeeded", "failure", "cancelled", "discarded", "startup_timeout"})
-# What a step inherits from the runner's own environment; everything else
-# (the runner token above all) stays out.
-INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-READ_BLOCK = 1 << 20
-# How the log explains why a step is being stopped.
-STOP_WORDS = {
-    "lost": "the run ended on the server without this runner",
-    "stopped": "the runner was told to stop (SIGTERM)",
-}
 # done is the run's result: worth insisting on for a while before giving up.
 DONE_RETRY = RetryPolicy(attempts=1000, base=1.0, cap=30.0, deadline=600.0)
 DEREGISTER_RETRY = RetryPolicy(attempts=6, base=0.5, cap=5.0, deadline=30.0)
@@ -189,7 +176,7 @@ class EphemeralRunner:
         self._acked = False
         self.buf: LogBuffer | None = None
         self.shipper: LogShipper | None = None
-        self._last_byte = b"\n"
+        self.steplog: StepLog | None = None
 
     # ------------------------------------------------------------ entry
 
@@ -286,6 +273,7 @@ class EphemeralRunner:
             self.client, self.run_id, self.buf, live_interval=float(logs.get("live_interval_s") or 2)
         )
         self.shipper.start()
+        self.steplog = StepLog(self.buf)
         status_interval = float(context.get("status_interval_s") or 5)
         poller = threading.Thread(target=self._status_loop, args=(status_interval,), name="status", daemon=True)
         poller.start()
@@ -302,7 +290,7 @@ class EphemeralRunner:
                 shutil.rmtree(work, ignore_errors=True)
 
     def _step_env(self, context: dict[str, Any], work: Path) -> dict[str, str]:
-        env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+        env = {name: os.environ[name] for name in STEP_INHERITED_ENV if name in os.environ}
         env.setdefault("PATH", DEFAULT_PATH)
         env.update((context.get("spec") or {}).get("env") or {})
         env.update(context.get("secrets") or {})
@@ -321,25 +309,38 @@ class EphemeralRunner:
         steps = spec.get("steps") or []
         timeout = float(spec.get("timeout_seconds") or 3600)
         deadline = time.monotonic() + timeout
+        assert self.steplog is not None
+        supervisor = StepSupervisor(
+            steplog=self.steplog,
+            run_id=self.run_id,
+            grace=self.cfg.grace,
+            wake=self._wake,
+            reason_to_stop=self._reason_to_stop,
+            on_stopping=self._on_stopping,
+        )
         for number, step in enumerate(steps, 1):
             reason = self._reason_to_stop(deadline)
             if reason is not None:
-                self._write(f"[gantry: {STOP_WORDS.get(reason, reason)}; remaining steps skipped]\n".encode())
+                self.steplog.notice(f"[gantry: {STOP_WORDS.get(reason, reason)}; remaining steps skipped]\n".encode())
                 return self._interrupted(reason, None, timeout)
             label = f"[{number}/{len(steps)}] {step.get('name', '')}"
-            self._write(f"==> {label}\n".encode())
+            self.steplog.notice(f"==> {label}\n".encode())
             event(log, "step.started", "step %s started", label, run_id=self.run_id, step=number)
             began = time.monotonic()
-            code, why = self._run_step(str(step["run"]), env, work, deadline)
+            try:
+                code, why = supervisor.run(str(step["run"]), env, work, deadline)
+            except StepStartFailed as exc:
+                self.steplog.notice(f"==> {label}: {exc}\n".encode())
+                return Result("failure", EXIT_CANNOT_EXECUTE, f"step {number} ({step.get('name', '')}): {exc}")
             took = time.monotonic() - began
             event(log, "step.finished", "step %s: %s, exit code %s", label, why, code, run_id=self.run_id,
                   step=number, exit_code=code, seconds=round(took, 3))  # fmt: skip
             if why == "exited":
-                self._write(f"==> {label}: exit code {code} ({took:.1f}s)\n".encode())
+                self.steplog.notice(f"==> {label}: exit code {code} ({took:.1f}s)\n".encode())
                 if code != 0:
                     return Result("failure", code, f"step {number} ({step.get('name', '')}) exited with code {code}")
                 continue
-            self._write(f"==> {label}: {why} after {took:.1f}s (exit code {code})\n".encode())
+            self.steplog.notice(f"==> {label}: {why} after {took:.1f}s (exit code {code})\n".encode())
             return self._interrupted(why, code, timeout)
         return Result("succeeded", 0)
 
@@ -352,84 +353,6 @@ class EphemeralRunner:
             return Result("failure", EXIT_TIMEOUT, f"timed out after {timeout:g}s (the spec's timeout_seconds)")
         return Result("failure", code, "the runner was stopped (SIGTERM) before the run finished")
 
-    def _run_step(self, command: str, env: dict[str, str], work: Path, deadline: float) -> tuple[int, str]:
-        """Run one step; answer (exit code, why it ended: exited | cancelled | timed out | stopped | lost)."""
-        shell = shutil.which("bash") or "/bin/sh"
-        proc = subprocess.Popen(
-            [shell, "-c", command],
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            # Its own process group (not a new session): signals reach the
-            # whole step, and the step stays in the runner's session, where
-            # the local launcher can sweep it up if the runner is killed.
-            process_group=0,
-            close_fds=True,
-        )
-        assert proc.stdout is not None
-        reader = threading.Thread(target=self._pump, args=(proc.stdout,), name="step-output", daemon=True)
-        reader.start()
-        exited = threading.Event()
-        threading.Thread(target=self._await_exit, args=(proc.pid, exited), name="step-wait", daemon=True).start()
-        why = "exited"
-        while not exited.is_set():
-            reason = self._reason_to_stop(deadline)
-            if reason is not None:
-                why = reason
-                self._stop_group(proc.pid, exited, reason)
-                break
-            self._wake.wait(min(0.5, max(0.01, deadline - time.monotonic())))
-            self._wake.clear()
-        # The step is over: whatever it left running in its group goes with it
-        # (and releases the pipe, so the reader reaches end of file). The
-        # leader is not reaped yet, so its pid, the group's id, cannot have
-        # been reused by an unrelated process.
-        self._killpg(proc.pid, signal.SIGKILL)
-        code = proc.wait()
-        reader.join(timeout=10)
-        if reader.is_alive():
-            event(log, "step.output_open", "a process that left the step's group still holds its output; "
-                  "its further output is ignored", level=logging.WARNING, run_id=self.run_id)  # fmt: skip
-        else:
-            proc.stdout.close()
-        if why == "timed out":
-            code = EXIT_TIMEOUT
-        # A death by signal reads as a negative code: report it the shell's way.
-        return (128 - code if code < 0 else code), why
-
-    def _await_exit(self, pid: int, exited: threading.Event) -> None:
-        """Block until the step's leader exits, without reaping it (WNOWAIT), then wake the main loop."""
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        exited.set()
-        self._wake.set()
-
-    def _pump(self, pipe: IO[bytes]) -> None:
-        """Copy the step's output into the log in large blocks: no per-line work on this path."""
-        fd = pipe.fileno()
-        with contextlib.suppress(OSError, AttributeError):
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, READ_BLOCK)  # fewer, larger reads (Linux)
-        assert self.buf is not None
-        try:
-            while True:
-                data = os.read(fd, READ_BLOCK)
-                if not data:
-                    return
-                self._last_byte = data[-1:]
-                self.buf.write(data)
-        except (OSError, ValueError):
-            return  # the pipe was closed under us, or the log is closed: the step is over
-
-    def _write(self, line: bytes) -> None:
-        """A line of the runner's own (headers, footers, notices), on a line of its own."""
-        assert self.buf is not None
-        if self._last_byte != b"\n":
-            line = b"\n" + line
-        self._last_byte = line[-1:]
-        self.buf.write(line)
-
     def _reason_to_stop(self, deadline: float) -> str | None:
         if self._lost.is_set():
             return "lost"
@@ -441,21 +364,9 @@ class EphemeralRunner:
             return "timed out"
         return None
 
-    def _stop_group(self, pgid: int, exited: threading.Event, reason: str) -> None:
-        """SIGTERM the step's process group; the caller SIGKILLs what is left after the grace period."""
-        said = STOP_WORDS.get(reason, reason)
-        self._write(f"[gantry: {said}; stopping the step (SIGTERM, SIGKILL after {self.cfg.grace:g}s)]\n".encode())
-        self._killpg(pgid, signal.SIGTERM)
+    def _on_stopping(self, reason: str) -> None:
         if reason == "cancelled":
             self._acknowledge_cancel()
-        limit = time.monotonic() + self.cfg.grace
-        while time.monotonic() < limit and _group_has_live_members(pgid):
-            time.sleep(0.05)
-
-    @staticmethod
-    def _killpg(pgid: int, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signum)
 
     def _acknowledge_cancel(self) -> None:
         if self._acked:
@@ -487,7 +398,7 @@ class EphemeralRunner:
                 event(log, "run.cancel_requested", "cancellation requested", run_id=self.run_id)
                 self._cancel.set()
                 self._wake.set()
-            if status in TERMINAL:
+            if status in TERMINAL_STATUSES:
                 self._mark_lost(f"the run is {status}")
                 return
 
@@ -529,34 +440,6 @@ class EphemeralRunner:
         event(log, "run.done", "run %s: %s (exit code %s)", self.run_id, result.outcome, result.exit_code,
               run_id=self.run_id, outcome=result.outcome, exit_code=result.exit_code)  # fmt: skip
         return EXIT_OK if result.outcome in ("succeeded", "cancelled") else EXIT_RUN_FAILED
-
-
-def _group_has_live_members(pgid: int) -> bool:
-    """Whether any process of the group is still running (zombies waiting to be reaped do not count)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        entries = []
-    if not entries:  # no /proc (not Linux): ask the kernel, zombies included
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # After the command name: state, ppid, pgrp.
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
 
 
 def _write_exit_file(path: Path | None, code: int) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from runners.client import ApiError, GantryClient, RetryPolicy
 from runners.logsetup import event
+from runners.protocol import truncation_line
 
 log = logging.getLogger("gantry.runner.logs")
 
@@ -40,11 +41,6 @@ COMPRESS_LEVEL = 1
 # Sealed chunks waiting for the uploader before writes block (backpressure
 # onto the step's pipe rather than unbounded memory when storage is slow).
 MAX_PENDING_CHUNKS = 8
-
-
-def truncation_line(max_bytes: int) -> bytes:
-    """The same line the server's log reader uses (docs/logs.md)."""
-    return f"[gantry: log truncated at {max_bytes} bytes (GANTRY_LOG_MAX_BYTES)]\n".encode()
 
 
 def gzip_bytes(data: bytes) -> bytes:

@@ -26,6 +26,7 @@ from gantry.core.models import RunStatus
 from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
+from gantry.logs.limits import CHUNK_SIZE, SEAL_INTERVAL
 
 _RUNNER_ERRORS = {
     401: "no, invalid or revoked token",
@@ -193,11 +194,6 @@ class RunContextSerializer(serializers.Serializer):
     api_token = serializers.CharField(help_text="The run's API token. Shown once; the server keeps its hash only.")
 
 
-LOG_CHUNK_SIZE = 1024 * 1024
-# Time bound of a chunk: a slow trickle of output still reaches durable storage.
-LOG_SEAL_INTERVAL = 30
-
-
 class AcceptView(APIView):
     permission_classes = [IsRunner]
 
@@ -225,8 +221,8 @@ class AcceptView(APIView):
             "secrets": run.stack.secrets,
             "scm": None,
             "logs": {
-                "chunk_size_bytes": LOG_CHUNK_SIZE,
-                "seal_interval_s": LOG_SEAL_INTERVAL,
+                "chunk_size_bytes": CHUNK_SIZE,
+                "seal_interval_s": SEAL_INTERVAL,
                 "live_interval_s": cfg.live_log_interval,
                 "max_bytes": cfg.log_max_bytes,
             },

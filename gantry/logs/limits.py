@@ -1,12 +1,24 @@
 """The fixed sizes of the log contract (docs/logs.md), written once.
 
-``CHUNK_SIZE`` matches ``logs.chunk_size_bytes`` in RunContext
-(``gantry.api.runner_views.LOG_CHUNK_SIZE``; a test keeps them equal).
+``CHUNK_SIZE`` and ``SEAL_INTERVAL`` are the runner protocol's
+(``runners.protocol``): RunContext hands them to the runner as
+``logs.chunk_size_bytes`` and ``logs.seal_interval_s``.
 """
 
 from __future__ import annotations
 
-CHUNK_SIZE = 1024 * 1024
+from runners.protocol import CHUNK_SIZE, SEAL_INTERVAL
+
+__all__ = [
+    "CHUNK_GZIP_MAX",
+    "CHUNK_SIZE",
+    "CHUNK_TEXT_MAX",
+    "MAX_CHUNKS",
+    "PAGE_BYTES",
+    "SEAL_INTERVAL",
+    "UPLOAD_URL_TTL",
+]
+
 # A gzip of CHUNK_SIZE bytes is at most a little over CHUNK_SIZE (incompressible
 # output plus headers); twice that leaves room for a runner that seals a line
 # past the threshold, and still bounds what one request may make us hold.

@@ -49,6 +49,7 @@ from gantry.logs import live
 from gantry.logs.limits import CHUNK_TEXT_MAX, MAX_CHUNKS, PAGE_BYTES
 from gantry.logs.storage import LogStorage, get_storage
 from gantry.redis import client
+from runners.protocol import truncation_line
 
 log = logging.getLogger("gantry.logs")
 
@@ -63,10 +64,6 @@ def missing_line(n: int) -> bytes:
 
 def corrupt_line(n: int) -> bytes:
     return f"[gantry: log chunk {n} corrupt]\n".encode()
-
-
-def truncation_line(max_bytes: int) -> bytes:
-    return f"[gantry: log truncated at {max_bytes} bytes (GANTRY_LOG_MAX_BYTES)]\n".encode()
 
 
 def gunzip(data: bytes, *, limit: int = CHUNK_TEXT_MAX) -> bytes | None:

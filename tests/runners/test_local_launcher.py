@@ -23,7 +23,8 @@ import pytest
 import launchers
 from launchers import Assignment, LaunchError
 from launchers.fake import FakeLauncher
-from launchers.local import LocalLauncher, _start_ticks
+from launchers.local import LocalLauncher
+from runners.procfs import start_ticks as _start_ticks
 
 STAND_IN = r"""
 import json, os, subprocess, sys, time

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from runners.client import ApiError, ServerUnreachable, Upload
-from runners.logbuf import LogBuffer, LogShipper, gzip_bytes, truncation_line
+from runners.logbuf import LogBuffer, LogShipper, gzip_bytes
+from runners.protocol import truncation_line
 
 
 class Clock:

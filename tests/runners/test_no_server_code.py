@@ -21,6 +21,9 @@ CLIENT_MODULES = [
     "runners.ephemeral",
     "runners.logbuf",
     "runners.logsetup",
+    "runners.procfs",
+    "runners.protocol",
+    "runners.steps",
     "launchers",
     "launchers.local",
 ]

@@ -1,0 +1,32 @@
+"""What the runner and the server must agree on, written once (standard library only).
+
+The client side (coordinator, ephemeral runner, launchers) imports these, and
+so does the server wherever it needs the same value: the run statuses that end
+a run, the log's chunk size and seal interval, the marker lines the log can
+end with, and the environment a runner passes on. A test keeps the server's
+own enums equal to these.
+"""
+
+from __future__ import annotations
+
+# The run statuses after which nothing changes (the server's models.TERMINAL).
+TERMINAL_STATUSES = frozenset({"succeeded", "failure", "cancelled", "discarded", "startup_timeout"})
+
+# A sealed log chunk holds at most this many bytes (RunContext's logs.chunk_size_bytes)...
+CHUNK_SIZE = 1024 * 1024
+# ...and is sealed at the latest this many seconds after it began (logs.seal_interval_s),
+# so a slow trickle of output still reaches durable storage.
+SEAL_INTERVAL = 30
+
+
+def truncation_line(max_bytes: int) -> bytes:
+    """The line a log ends with when its run wrote more than ``max_bytes`` (docs/logs.md)."""
+    return f"[gantry: log truncated at {max_bytes} bytes (GANTRY_LOG_MAX_BYTES)]\n".encode()
+
+
+# What a step inherits from the runner's own environment; everything else
+# (the runner token above all) stays out.
+STEP_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
+# What a runner a launcher starts inherits from the coordinator's environment
+# (plus a launcher's own pass-through list): the step's set and the runner's knobs.
+RUNNER_INHERITED_ENV = (*STEP_INHERITED_ENV, "VIRTUAL_ENV", "GANTRY_LOG_LEVEL", "GANTRY_STOP_GRACE")

@@ -1,0 +1,23 @@
+"""The runner protocol's shared constants agree with the server's own definitions."""
+
+from __future__ import annotations
+
+from gantry.core.models import TERMINAL, RunStatus
+from runners.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES, truncation_line
+
+
+def test_the_runners_terminal_statuses_are_the_servers() -> None:
+    assert frozenset(str(s) for s in TERMINAL) == TERMINAL_STATUSES
+    assert set(RunStatus.values) >= TERMINAL_STATUSES
+
+
+def test_no_step_inherits_a_gantry_credential() -> None:
+    assert not [name for name in STEP_INHERITED_ENV if name.startswith("GANTRY_")]
+
+
+def test_the_truncation_line_is_one_line_naming_the_limit() -> None:
+    line = truncation_line(1234)
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1
+    assert b"1234" in line
+    assert b"GANTRY_LOG_MAX_BYTES" in line
