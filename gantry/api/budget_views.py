@@ -13,8 +13,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gantry.api.serializers import error_responses
-from gantry.api.views import UserView, org_for
+from gantry.api.common import UserView, error_responses, org_for
 from gantry.dispatch import throttle
 
 

@@ -1,6 +1,6 @@
 """Runners, as users and org admins see them: a group's runners, and force-delete.
 
-Same scoping as the rest of the user API (``views.scoped``): another org's
+Same scoping as the rest of the user API (``common.scoped``): another org's
 group or runner answers 404, a member asking for an admin's action 403.
 """
 
@@ -17,8 +17,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gantry.api.serializers import error_responses
-from gantry.api.views import UserView, scoped
+from gantry.api.common import UserView, error_responses, scoped
 from gantry.core.models import TERMINAL, Run, Runner, RunnerGroup
 from gantry.reapers import reapers
 

@@ -9,7 +9,6 @@ changes.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -18,45 +17,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry import conf
-from gantry.api.auth import GroupPrincipal, IsRunner, IsRunnerGroup, RunnerPrincipal
-from gantry.api.serializers import SpecSerializer, error_responses
+from gantry.api.auth import IsRunner, IsRunnerGroup
+from gantry.api.common import group_of, runner_errors, runner_of, validated
+from gantry.api.serializers import SpecSerializer
 from gantry.core import services
-from gantry.core.errors import InvalidRequest, RunBinding
+from gantry.core.errors import InvalidRequest
 from gantry.core.models import RunStatus
 from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
-from gantry.logs.limits import CHUNK_SIZE, SEAL_INTERVAL
-
-_RUNNER_ERRORS = {
-    401: "no, invalid or revoked token",
-    403: "wrong token type, or a runner token used for another run or runner",
-    404: "not found",
-    409: "the run or runner is not in a state that allows this; see `code` and `detail`",
-}
-
-
-def _errors(*codes: int) -> dict[int, Any]:
-    return error_responses(*codes, texts=_RUNNER_ERRORS)
-
-
-def _group(request: Request) -> GroupPrincipal:
-    assert isinstance(request.user, GroupPrincipal)
-    return request.user
-
-
-def _runner(
-    request: Request, *, run_id: uuid.UUID | None = None, runner_id: uuid.UUID | None = None
-) -> RunnerPrincipal:
-    """The calling runner, after the run binding: path ids must be the token's."""
-    principal = request.user
-    assert isinstance(principal, RunnerPrincipal)
-    if run_id is not None and run_id != principal.run_id:
-        raise RunBinding("this runner token is bound to another run")
-    if runner_id is not None and runner_id != principal.runner.id:
-        raise RunBinding("this runner token belongs to another runner")
-    return principal
-
 
 # ---------------------------------------------------------------- runner group
 
@@ -83,13 +52,13 @@ class PollView(APIView):
         responses={
             200: ClaimSerializer,
             204: OpenApiResponse(description="no claimable run (or the org's dispatch budget is spent)"),
-            **_errors(400, 401, 403),
+            **runner_errors(400, 401, 403),
         },
         description="Claim the oldest pending run this group can serve: creates a not_ready stub runner, "
         "assigns the run to it with a lease and answers the runner's credentials.",
     )
     def get(self, request: Request) -> Response:
-        group = _group(request).group
+        group = group_of(request).group
         raw = request.query_params.get("wait", "0")
         try:
             wait = float(raw)
@@ -133,15 +102,14 @@ class DispatchFailedView(APIView):
     @extend_schema(
         operation_id="runner_groups_dispatch_failed",
         request=DispatchFailedSerializer,
-        responses={204: None, **_errors(400, 401, 403, 404, 409)},
+        responses={204: None, **runner_errors(400, 401, 403, 404, 409)},
         description="The group could not start the runner for a claimed run: the run and its deployment fail "
         "(not re-queued: it would fail again), the stack's queue moves on, the stub runner is deleted and the "
         "error is recorded on the group (last_dispatch_error).",
     )
     def post(self, request: Request) -> Response:
-        ser = DispatchFailedSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        services.dispatch_failed(group=_group(request).group, **ser.validated_data)
+        data = validated(DispatchFailedSerializer, request)
+        services.dispatch_failed(group=group_of(request).group, **data)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -163,15 +131,14 @@ class ReadyView(APIView):
     @extend_schema(
         operation_id="runners_ready",
         request=ReadySerializer,
-        responses={204: None, **_errors(400, 401, 403, 409)},
+        responses={204: None, **runner_errors(400, 401, 403, 409)},
         description="not_ready → ready, recording the runner's host metadata. Idempotent: a runner already "
         "ready gets 204 again (its first answer may have been lost). 409 runner_busy once it has accepted.",
     )
     def post(self, request: Request, runner_id: uuid.UUID) -> Response:
-        principal = _runner(request, runner_id=runner_id)
-        ser = ReadySerializer(data=request.data or {})
-        ser.is_valid(raise_exception=True)
-        services.runner_ready(runner_id=principal.runner.id, metadata=dict(ser.validated_data))
+        principal = runner_of(request, runner_id=runner_id)
+        data = validated(ReadySerializer, request)
+        services.runner_ready(runner_id=principal.runner.id, metadata=dict(data))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -200,7 +167,7 @@ class AcceptView(APIView):
     @extend_schema(
         operation_id="runs_accept",
         request=None,
-        responses={200: RunContextSerializer, **_errors(401, 403, 404, 409)},
+        responses={200: RunContextSerializer, **runner_errors(401, 403, 404, 409)},
         description=(
             "assigned → running for the runner holding an unexpired lease; answers the RunContext. 409 codes: "
             "`accept_response_undeliverable` (this runner already accepted: the first answer was lost, so the run "
@@ -210,25 +177,9 @@ class AcceptView(APIView):
         ),
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
-        principal = _runner(request, run_id=run_id)
+        principal = runner_of(request, run_id=run_id)
         run, api_token = services.run_accept(run_id=run_id, runner_id=principal.runner.id)
-        cfg = conf.get()
-        context = {
-            "run_id": run.id,
-            "deployment_id": run.deployment_id,
-            "stack_id": run.stack_id,
-            "spec": run.deployment.spec,
-            "secrets": run.stack.secrets,
-            "scm": None,
-            "logs": {
-                "chunk_size_bytes": CHUNK_SIZE,
-                "seal_interval_s": SEAL_INTERVAL,
-                "live_interval_s": cfg.live_log_interval,
-                "max_bytes": cfg.log_max_bytes,
-            },
-            "status_interval_s": cfg.status_interval,
-            "api_token": api_token,
-        }
+        context = services.run_context(run=run, api_token=api_token)
         return Response(RunContextSerializer(context).data)
 
 
@@ -242,12 +193,12 @@ class StatusView(APIView):
 
     @extend_schema(
         operation_id="runs_status",
-        responses={200: RunStatusSerializer, **_errors(401, 403, 404)},
+        responses={200: RunStatusSerializer, **runner_errors(401, 403, 404)},
         description="Refreshes the runner's liveness (last_seen_at) and answers the run's status and whether "
         "cancellation is requested. A terminal status means the runner should stop.",
     )
     def get(self, request: Request, run_id: uuid.UUID) -> Response:
-        principal = _runner(request, run_id=run_id)
+        principal = runner_of(request, run_id=run_id)
         run_status = services.runner_seen(runner_id=principal.runner.id, run_id=run_id)
         return Response(
             {
@@ -263,11 +214,11 @@ class AcknowledgeCancelView(APIView):
     @extend_schema(
         operation_id="runs_acknowledging_cancel",
         request=None,
-        responses={204: None, **_errors(401, 403, 404, 409)},
+        responses={204: None, **runner_errors(401, 403, 404, 409)},
         description="requested_cancellation → cancelling: the runner is stopping its steps.",
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
-        principal = _runner(request, run_id=run_id)
+        principal = runner_of(request, run_id=run_id)
         services.run_acknowledge_cancel(run_id=run_id, runner_id=principal.runner.id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -291,17 +242,15 @@ class DoneView(APIView):
     @extend_schema(
         operation_id="runs_done",
         request=DoneSerializer,
-        responses={204: None, **_errors(400, 401, 403, 404, 409)},
+        responses={204: None, **runner_errors(400, 401, 403, 404, 409)},
         description="The run ends: succeeded, failure (with exit code) or cancelled (only after a cancellation "
         "request). The stack's next queued run is promoted and the run's API token revoked. `manifest` lists the "
         "sealed log chunks (count and sha256 of each); it must agree with `sealed_chunks` (400 otherwise). The "
         "run's live log record is deleted.",
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
-        principal = _runner(request, run_id=run_id)
-        ser = DoneSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        data = ser.validated_data
+        principal = runner_of(request, run_id=run_id)
+        data = validated(DoneSerializer, request)
         services.run_finish(
             run_id=run_id,
             runner_id=principal.runner.id,
@@ -322,12 +271,12 @@ class DeregisterView(APIView):
 
     @extend_schema(
         operation_id="runners_deregister",
-        responses={204: None, **_errors(401, 403, 409)},
+        responses={204: None, **runner_errors(401, 403, 409)},
         description="Delete the runner row (freeing its group slot and releasing any run it points at). "
         "409 runner_holds_run only while it holds a run: running, requested_cancellation, cancelling, or "
         "assigned with an unexpired lease. A runner whose run was skipped or whose lease lapsed may always go.",
     )
     def delete(self, request: Request, runner_id: uuid.UUID) -> Response:
-        principal = _runner(request, runner_id=runner_id)
+        principal = runner_of(request, runner_id=runner_id)
         services.runner_deregister(runner_id=principal.runner.id)
         return Response(status=status.HTTP_204_NO_CONTENT)

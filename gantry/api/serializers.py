@@ -9,30 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gantry.core.models import Deployment, GroupKind, Organization, Role, Run, RunEvent, RunnerGroup, Stack
 
+# ---------------------------------------------------------------- JSON-stored request fields
+#
+# Labels, specs and secrets arrive as JSON and are checked by the services
+# (gantry.core.specs): DRF's CharField would coerce 1 to "1", and the spec's
+# rules (unknown keys refused, step and size limits) live in one place. These
+# fields keep that, and tell the OpenAPI document the real shape.
 
-class ErrorSerializer(serializers.Serializer):
-    code = serializers.CharField(help_text="Machine-readable error code; part of the contract.")
-    detail = serializers.CharField(help_text="What went wrong, for a person.")
-
-
-_ERROR_TEXT = {
-    400: "invalid request",
-    401: "no or invalid credentials",
-    403: "wrong token type or role",
-    404: "not found (or not yours)",
-    409: "the object's state refuses this; see `code` and `detail`",
-}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 
 
-def error_responses(*codes: int, texts: dict[int, str] | None = None) -> dict[int, OpenApiResponse]:
-    """The OpenAPI entries for a route's error answers; ``texts`` words them for the route family."""
-    wording = {**_ERROR_TEXT, **(texts or {})}
-    return {code: OpenApiResponse(ErrorSerializer, description=wording[code]) for code in codes}
+@extend_schema_field(_STRING_MAP)
+class LabelsField(serializers.JSONField):
+    """An object of string keys and string values."""
+
+
+@extend_schema_field({**_STRING_MAP, "writeOnly": True})
+class SecretsField(serializers.JSONField):
+    """Secret name → value; write-only (answers carry the names only)."""
 
 
 class OrganizationSerializer(serializers.ModelSerializer):
@@ -113,7 +112,7 @@ class RunnerGroupCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     kind = serializers.ChoiceField(choices=GroupKind.choices, default=GroupKind.SELF_HOSTED)
     # Checked by the service (strings only, reserved prefixes): DRF's CharField would coerce 1 to "1".
-    labels = serializers.JSONField(required=False, help_text="Capability labels: an object of string keys and values.")
+    labels = LabelsField(required=False, help_text="Capability labels: an object of string keys and values.")
     max_concurrent_runs = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
     github_owner = serializers.CharField(max_length=100, required=False, allow_blank=True)
     github_repo = serializers.CharField(max_length=100, required=False, allow_blank=True)
@@ -142,6 +141,11 @@ class SpecSerializer(serializers.Serializer):
     timeout_seconds = serializers.IntegerField(required=False, min_value=1)
 
 
+@extend_schema_field(SpecSerializer)
+class SpecField(serializers.JSONField):
+    """A run spec (``SpecSerializer``'s shape), checked by ``gantry.core.specs``."""
+
+
 class StackSerializer(serializers.ModelSerializer):
     spec = SpecSerializer(read_only=True, allow_null=True)
     runner_selector = serializers.DictField(child=serializers.CharField(), read_only=True)
@@ -159,11 +163,9 @@ class StackSerializer(serializers.ModelSerializer):
 
 class StackCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    labels = serializers.JSONField(
-        required=False, help_text="Label map; keys under gantry:runner-group: select runner groups."
-    )
-    spec = serializers.JSONField(required=False, help_text="The default run spec for this stack's deployments.")
-    secrets = serializers.JSONField(required=False, help_text="Name → value; write-only.")
+    labels = LabelsField(required=False, help_text="Label map; keys under gantry:runner-group: select runner groups.")
+    spec = SpecField(required=False, help_text="The default run spec for this stack's deployments.")
+    secrets = SecretsField(required=False, help_text="Name → value; write-only.")
 
 
 class StackUpdateSerializer(StackCreateSerializer):
@@ -193,7 +195,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
 
 class DeploymentCreateSerializer(serializers.Serializer):
-    spec = serializers.JSONField(required=False, help_text="Defaults to the stack's spec.")
+    spec = SpecField(required=False, help_text="Defaults to the stack's spec.")
 
 
 class RunEventSerializer(serializers.ModelSerializer):

@@ -1,17 +1,10 @@
-"""The user and admin API (DESIGN §4). Views authenticate, scope, and call services.
-
-Scoping rule: an object of an org the caller is not a member of answers 404
-(its existence never leaks); a member without the needed role gets 403.
-"""
+"""The user and admin API (docs/api.md). Views authenticate, scope (``gantry.api.common``), and call services."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any, TypeVar
+from typing import Any
 
-from django.contrib.auth.models import User
-from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import Model, QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.request import Request
@@ -19,63 +12,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry.api import serializers as s
-from gantry.api.auth import IsSuperuser, IsUser, member_role
+from gantry.api.auth import IsSuperuser, IsUser
+from gantry.api.common import UserView, org_for, scoped, user_errors, user_of, validated
 from gantry.core import services
-from gantry.core.errors import Forbidden, NotFound
-from gantry.core.models import Deployment, Membership, Organization, Role, Run, RunnerGroup, Stack
-
-M = TypeVar("M", bound=Model)
-
-
-def _errors(*codes: int) -> dict[int, Any]:
-    return s.error_responses(*codes)
-
-
-def _check_role(request: Request, org: Organization, *, admin: bool) -> None:
-    role = member_role(_user(request), org)
-    if role is None:
-        raise NotFound("not found")
-    if admin and role != Role.ADMIN:
-        raise Forbidden("this needs the org admin role")
-
-
-def org_for(request: Request, slug: str, *, admin: bool = False) -> Organization:
-    org = Organization.objects.filter(slug=slug).first()
-    if org is None:
-        raise NotFound("organization not found")
-    _check_role(request, org, admin=admin)
-    return org
-
-
-def scoped(request: Request, qs: QuerySet[M], pk: Any, *, org_path: str, admin: bool = False) -> M:
-    """Fetch ``qs.get(pk=pk)`` and check the caller's role in its org (``org_path`` leads there)."""
-    try:
-        obj = qs.select_related(org_path).get(pk=pk)
-    except (ObjectDoesNotExist, ValueError, TypeError):  # ValueError: a malformed uuid
-        raise NotFound("not found") from None
-    org = obj
-    for part in org_path.split("__"):
-        org = getattr(org, part)
-    assert isinstance(org, Organization)
-    _check_role(request, org, admin=admin)
-    return obj
-
-
-def _validated(serializer_class: type[s.serializers.Serializer], request: Request, **kw: Any) -> dict[str, Any]:
-    ser = serializer_class(data=request.data, **kw)
-    ser.is_valid(raise_exception=True)
-    return dict(ser.validated_data)
-
-
-class UserView(APIView):
-    permission_classes = [IsUser]
-
-
-def _user(request: Request) -> User:
-    # IsUser has admitted only real users to the views that call this.
-    assert isinstance(request.user, User)
-    return request.user
-
+from gantry.core.models import Deployment, Membership, Organization, Run, RunnerGroup, Stack
 
 # ---------------------------------------------------------------- orgs
 
@@ -84,39 +24,41 @@ class OrgListView(UserView):
     def get_permissions(self) -> list[Any]:
         return [IsSuperuser()] if self.request.method == "POST" else [IsUser()]
 
-    @extend_schema(operation_id="orgs_list", responses={200: s.OrganizationSerializer(many=True), **_errors(401, 403)})
+    @extend_schema(
+        operation_id="orgs_list", responses={200: s.OrganizationSerializer(many=True), **user_errors(401, 403)}
+    )
     def get(self, request: Request) -> Response:
         qs = Organization.objects.all()
         if not request.user.is_superuser:
-            qs = qs.filter(memberships__user=_user(request))
+            qs = qs.filter(memberships__user=user_of(request))
         return Response(s.OrganizationSerializer(qs, many=True).data)
 
     @extend_schema(
         operation_id="orgs_create",
         request=s.OrganizationCreateSerializer,
-        responses={201: s.OrganizationSerializer, **_errors(400, 401, 403, 409)},
+        responses={201: s.OrganizationSerializer, **user_errors(400, 401, 403, 409)},
         description="Create an organization (super-admin).",
     )
     def post(self, request: Request) -> Response:
-        data = _validated(s.OrganizationCreateSerializer, request)
+        data = validated(s.OrganizationCreateSerializer, request)
         org = services.org_create(slug=data["slug"], name=data["name"])
         return Response(s.OrganizationSerializer(org).data, status=status.HTTP_201_CREATED)
 
 
 class OrgDetailView(UserView):
-    @extend_schema(operation_id="orgs_read", responses={200: s.OrganizationSerializer, **_errors(401, 403, 404)})
+    @extend_schema(operation_id="orgs_read", responses={200: s.OrganizationSerializer, **user_errors(401, 403, 404)})
     def get(self, request: Request, org: str) -> Response:
         return Response(s.OrganizationSerializer(org_for(request, org)).data)
 
     @extend_schema(
         operation_id="orgs_update",
         request=s.OrganizationUpdateSerializer,
-        responses={200: s.OrganizationSerializer, **_errors(400, 401, 403, 404)},
+        responses={200: s.OrganizationSerializer, **user_errors(400, 401, 403, 404)},
         description="Change the name or the default runner group (org admin). runs_per_hour_limit is read-only here.",
     )
     def patch(self, request: Request, org: str) -> Response:
         organization = org_for(request, org, admin=True)
-        data = _validated(s.OrganizationUpdateSerializer, request)
+        data = validated(s.OrganizationUpdateSerializer, request)
         organization = services.org_update(org=organization, **data)
         return Response(s.OrganizationSerializer(organization).data)
 
@@ -127,19 +69,19 @@ class RunsPerHourLimitView(APIView):
     @extend_schema(
         operation_id="orgs_set_runs_per_hour_limit",
         request=s.RunsPerHourLimitSerializer,
-        responses={200: s.OrganizationSerializer, **_errors(400, 401, 403, 404)},
+        responses={200: s.OrganizationSerializer, **user_errors(400, 401, 403, 404)},
         description="Set the org's dispatch rate (super-admin); clears dispatch_throttled_until in the same write.",
     )
     def put(self, request: Request, org: str) -> Response:
         organization = org_for(request, org)
-        data = _validated(s.RunsPerHourLimitSerializer, request)
+        data = validated(s.RunsPerHourLimitSerializer, request)
         organization = services.org_set_runs_per_hour_limit(org=organization, limit=data["runs_per_hour_limit"])
         return Response(s.OrganizationSerializer(organization).data)
 
 
 class MemberListView(UserView):
     @extend_schema(
-        operation_id="orgs_members_list", responses={200: s.MemberSerializer(many=True), **_errors(401, 403, 404)}
+        operation_id="orgs_members_list", responses={200: s.MemberSerializer(many=True), **user_errors(401, 403, 404)}
     )
     def get(self, request: Request, org: str) -> Response:
         organization = org_for(request, org)
@@ -152,14 +94,14 @@ class MemberListView(UserView):
         responses={
             201: s.MemberCreatedSerializer,
             200: OpenApiResponse(s.MemberSerializer, description="role of an existing member changed"),
-            **_errors(400, 401, 403, 404),
+            **user_errors(400, 401, 403, 404),
         },
         description="Add a user (created if new) with a role, or change a member's role (org admin). "
         "A user created by this call gets an API token in the answer, shown once.",
     )
     def post(self, request: Request, org: str) -> Response:
         organization = org_for(request, org, admin=True)
-        data = _validated(s.MemberSerializer, request)
+        data = validated(s.MemberSerializer, request)
         membership, created, api_token = services.membership_set(
             org=organization, username=data["username"], role=data["role"]
         )
@@ -174,7 +116,8 @@ class MemberListView(UserView):
 
 class RunnerGroupListView(UserView):
     @extend_schema(
-        operation_id="runner_groups_list", responses={200: s.RunnerGroupSerializer(many=True), **_errors(401, 403, 404)}
+        operation_id="runner_groups_list",
+        responses={200: s.RunnerGroupSerializer(many=True), **user_errors(401, 403, 404)},
     )
     def get(self, request: Request, org: str) -> Response:
         organization = org_for(request, org)
@@ -183,12 +126,12 @@ class RunnerGroupListView(UserView):
     @extend_schema(
         operation_id="runner_groups_create",
         request=s.RunnerGroupCreateSerializer,
-        responses={201: s.RunnerGroupWithTokenSerializer, **_errors(400, 401, 403, 404, 409)},
+        responses={201: s.RunnerGroupWithTokenSerializer, **user_errors(400, 401, 403, 404, 409)},
         description="Create a runner group (org admin). The answer carries its token, shown once.",
     )
     def post(self, request: Request, org: str) -> Response:
         organization = org_for(request, org, admin=True)
-        data = _validated(s.RunnerGroupCreateSerializer, request)
+        data = validated(s.RunnerGroupCreateSerializer, request)
         group, token = services.runner_group_create(org=organization, **data)
         return Response({**s.RunnerGroupSerializer(group).data, "token": token}, status=status.HTTP_201_CREATED)
 
@@ -199,7 +142,7 @@ def _group(request: Request, pk: int, *, admin: bool = False) -> RunnerGroup:
 
 class RunnerGroupDetailView(UserView):
     @extend_schema(
-        operation_id="runner_groups_read", responses={200: s.RunnerGroupSerializer, **_errors(401, 403, 404)}
+        operation_id="runner_groups_read", responses={200: s.RunnerGroupSerializer, **user_errors(401, 403, 404)}
     )
     def get(self, request: Request, pk: int) -> Response:
         return Response(s.RunnerGroupSerializer(_group(request, pk)).data)
@@ -207,11 +150,11 @@ class RunnerGroupDetailView(UserView):
     @extend_schema(
         operation_id="runner_groups_update",
         request=s.RunnerGroupUpdateSerializer,
-        responses={200: s.RunnerGroupSerializer, **_errors(400, 401, 403, 404, 409)},
+        responses={200: s.RunnerGroupSerializer, **user_errors(400, 401, 403, 404, 409)},
     )
     def patch(self, request: Request, pk: int) -> Response:
         group = _group(request, pk, admin=True)
-        data = _validated(s.RunnerGroupUpdateSerializer, request, partial=True)
+        data = validated(s.RunnerGroupUpdateSerializer, request, partial=True)
         return Response(s.RunnerGroupSerializer(services.runner_group_update(group=group, **data)).data)
 
 
@@ -219,7 +162,7 @@ class RunnerGroupRotateTokenView(UserView):
     @extend_schema(
         operation_id="runner_groups_rotate_token",
         request=None,
-        responses={200: s.TokenSerializer, **_errors(401, 403, 404)},
+        responses={200: s.TokenSerializer, **user_errors(401, 403, 404)},
         description="Issue a new group token (org admin); every older token stops working at once.",
     )
     def post(self, request: Request, pk: int) -> Response:
@@ -233,7 +176,7 @@ class RunnerGroupDrainView(UserView):
 
     @extend_schema(
         request=None,
-        responses={200: s.RunnerGroupSerializer, **_errors(401, 403, 404)},
+        responses={200: s.RunnerGroupSerializer, **user_errors(401, 403, 404)},
         description="Stop (drain) or resume (undrain) dispatch to the group (org admin). Runs in flight finish.",
     )
     def post(self, request: Request, pk: int) -> Response:
@@ -250,7 +193,9 @@ class RunnerGroupUndrainView(RunnerGroupDrainView):
 
 
 class StackListView(UserView):
-    @extend_schema(operation_id="stacks_list", responses={200: s.StackSerializer(many=True), **_errors(401, 403, 404)})
+    @extend_schema(
+        operation_id="stacks_list", responses={200: s.StackSerializer(many=True), **user_errors(401, 403, 404)}
+    )
     def get(self, request: Request, org: str) -> Response:
         organization = org_for(request, org)
         return Response(s.StackSerializer(organization.stacks.all(), many=True).data)
@@ -258,12 +203,12 @@ class StackListView(UserView):
     @extend_schema(
         operation_id="stacks_create",
         request=s.StackCreateSerializer,
-        responses={201: s.StackSerializer, **_errors(400, 401, 403, 404, 409)},
+        responses={201: s.StackSerializer, **user_errors(400, 401, 403, 404, 409)},
         description="Create a stack (org admin). Labels under gantry:runner-group: form its runs' selector.",
     )
     def post(self, request: Request, org: str) -> Response:
         organization = org_for(request, org, admin=True)
-        data = _validated(s.StackCreateSerializer, request)
+        data = validated(s.StackCreateSerializer, request)
         stack = services.stack_create(org=organization, **data)
         return Response(s.StackSerializer(stack).data, status=status.HTTP_201_CREATED)
 
@@ -273,25 +218,26 @@ def _stack(request: Request, pk: int, *, admin: bool = False) -> Stack:
 
 
 class StackDetailView(UserView):
-    @extend_schema(operation_id="stacks_read", responses={200: s.StackSerializer, **_errors(401, 403, 404)})
+    @extend_schema(operation_id="stacks_read", responses={200: s.StackSerializer, **user_errors(401, 403, 404)})
     def get(self, request: Request, pk: int) -> Response:
         return Response(s.StackSerializer(_stack(request, pk)).data)
 
     @extend_schema(
         operation_id="stacks_update",
         request=s.StackUpdateSerializer,
-        responses={200: s.StackSerializer, **_errors(400, 401, 403, 404, 409)},
+        responses={200: s.StackSerializer, **user_errors(400, 401, 403, 404, 409)},
         description="Change a stack (org admin). Runs already created keep the selector they were created with.",
     )
     def patch(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk, admin=True)
-        data = _validated(s.StackUpdateSerializer, request, partial=True)
+        data = validated(s.StackUpdateSerializer, request, partial=True)
         return Response(s.StackSerializer(services.stack_update(stack=stack, **data)).data)
 
 
 class DeploymentListView(UserView):
     @extend_schema(
-        operation_id="deployments_list", responses={200: s.DeploymentSerializer(many=True), **_errors(401, 403, 404)}
+        operation_id="deployments_list",
+        responses={200: s.DeploymentSerializer(many=True), **user_errors(401, 403, 404)},
     )
     def get(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk)
@@ -301,13 +247,13 @@ class DeploymentListView(UserView):
     @extend_schema(
         operation_id="deployments_create",
         request=s.DeploymentCreateSerializer,
-        responses={201: s.DeploymentSerializer, **_errors(400, 401, 403, 404)},
+        responses={201: s.DeploymentSerializer, **user_errors(400, 401, 403, 404)},
         description="Queue a deployment (org member). Its run is pending when the stack's lane is free, else queued.",
     )
     def post(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk)
-        data = _validated(s.DeploymentCreateSerializer, request)
-        deployment = services.deployment_create(stack=stack, spec=data.get("spec"), created_by=_user(request))
+        data = validated(s.DeploymentCreateSerializer, request)
+        deployment = services.deployment_create(stack=stack, spec=data.get("spec"), created_by=user_of(request))
         return Response(s.DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 
 
@@ -316,7 +262,9 @@ def _deployment(request: Request, pk: int) -> Deployment:
 
 
 class DeploymentDetailView(UserView):
-    @extend_schema(operation_id="deployments_read", responses={200: s.DeploymentSerializer, **_errors(401, 403, 404)})
+    @extend_schema(
+        operation_id="deployments_read", responses={200: s.DeploymentSerializer, **user_errors(401, 403, 404)}
+    )
     def get(self, request: Request, pk: int) -> Response:
         return Response(s.DeploymentSerializer(_deployment(request, pk)).data)
 
@@ -325,12 +273,12 @@ class DeploymentSkipView(UserView):
     @extend_schema(
         operation_id="deployments_skip",
         request=None,
-        responses={200: s.DeploymentSerializer, **_errors(401, 403, 404, 409)},
+        responses={200: s.DeploymentSerializer, **user_errors(401, 403, 404, 409)},
         description="Skip a deployment whose run never started (queued, pending, assigned): the run is discarded. "
         "409 not_skippable otherwise.",
     )
     def post(self, request: Request, pk: int) -> Response:
-        deployment = services.deployment_skip(deployment_id=_deployment(request, pk).id, by=_user(request))
+        deployment = services.deployment_skip(deployment_id=_deployment(request, pk).id, by=user_of(request))
         return Response(s.DeploymentSerializer(deployment).data)
 
 
@@ -338,11 +286,11 @@ class DeploymentRetryView(UserView):
     @extend_schema(
         operation_id="deployments_retry",
         request=None,
-        responses={200: s.DeploymentSerializer, **_errors(401, 403, 404, 409)},
+        responses={200: s.DeploymentSerializer, **user_errors(401, 403, 404, 409)},
         description="A new run (attempt) of a failed, timed-out or cancelled deployment. 409 not_retryable otherwise.",
     )
     def post(self, request: Request, pk: int) -> Response:
-        deployment = services.deployment_retry(deployment_id=_deployment(request, pk).id, by=_user(request))
+        deployment = services.deployment_retry(deployment_id=_deployment(request, pk).id, by=user_of(request))
         return Response(s.DeploymentSerializer(deployment).data)
 
 
@@ -354,7 +302,7 @@ def _run(request: Request, pk: uuid.UUID) -> Run:
 
 
 class RunDetailView(UserView):
-    @extend_schema(operation_id="runs_read", responses={200: s.RunSerializer, **_errors(401, 403, 404)})
+    @extend_schema(operation_id="runs_read", responses={200: s.RunSerializer, **user_errors(401, 403, 404)})
     def get(self, request: Request, pk: uuid.UUID) -> Response:
         return Response(s.RunSerializer(_run(request, pk)).data)
 
@@ -363,10 +311,10 @@ class RunCancelView(UserView):
     @extend_schema(
         operation_id="runs_cancel",
         request=None,
-        responses={200: s.RunSerializer, **_errors(401, 403, 404, 409)},
+        responses={200: s.RunSerializer, **user_errors(401, 403, 404, 409)},
         description="RequestCancellation: a run that never started is cancelled at once; a running one moves to "
         "requested_cancellation, which its runner sees. 409 run_terminal for a finished run.",
     )
     def post(self, request: Request, pk: uuid.UUID) -> Response:
-        run = services.run_request_cancellation(run_id=_run(request, pk).id, by=_user(request))
+        run = services.run_request_cancellation(run_id=_run(request, pk).id, by=user_of(request))
         return Response(s.RunSerializer(Run.objects.prefetch_related("events").get(id=run.id)).data)

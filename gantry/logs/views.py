@@ -17,11 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry.api.auth import IsRunner
-from gantry.api.runner_views import _errors as runner_errors
-from gantry.api.runner_views import _runner
-from gantry.api.serializers import ErrorSerializer
-from gantry.api.views import UserView, scoped
-from gantry.api.views import _errors as user_errors
+from gantry.api.common import ErrorSerializer, UserView, runner_errors, runner_of, scoped, user_errors, validated
 from gantry.core.errors import InvalidRequest, UploadUrlInvalid
 from gantry.core.models import Run
 from gantry.logs import services
@@ -81,10 +77,9 @@ class LiveLogView(APIView):
         "(the push is then dropped). 400 for a malformed one.",
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
-        principal = _runner(request, run_id=run_id)
-        ser = LivePushSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        services.live_push(run_id=run_id, runner_id=principal.runner.id, **ser.validated_data)
+        principal = runner_of(request, run_id=run_id)
+        data = validated(LivePushSerializer, request)
+        services.live_push(run_id=run_id, runner_id=principal.runner.id, **data)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -112,10 +107,9 @@ class ChunkUploadUrlView(APIView):
         "409 `run_terminal` once the run has finished; 409 `conflict` when the run is not executing on this runner.",
     )
     def post(self, request: Request, run_id: uuid.UUID, n: int) -> Response:
-        principal = _runner(request, run_id=run_id)
-        ser = ChunkRequestSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        put = services.chunk_upload_url(run_id=run_id, runner_id=principal.runner.id, n=n, **ser.validated_data)
+        principal = runner_of(request, run_id=run_id)
+        data = validated(ChunkRequestSerializer, request)
+        put = services.chunk_upload_url(run_id=run_id, runner_id=principal.runner.id, n=n, **data)
         answer = put.as_dict()
         answer["url"] = request.build_absolute_uri(put.url)  # Gantry's own URL is a path; S3's is absolute
         return Response(PresignedPutSerializer(answer).data)

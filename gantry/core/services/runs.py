@@ -48,6 +48,7 @@ from gantry.core.services.transitions import (
     transition,
     write_event,
 )
+from gantry.logs.limits import CHUNK_SIZE, SEAL_INTERVAL
 from gantry.logs.manifest import normalize_manifest
 
 
@@ -119,6 +120,31 @@ def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None 
             sync_deployment(run, now)
             return run, api_token
     raise _accept_refusal(run_id=run_id, runner_id=runner_id, now=now)
+
+
+def run_context(*, run: Run, api_token: str) -> dict[str, Any]:
+    """The RunContext accept answers: everything the runner needs to execute ``run`` (docs/protocol.md).
+
+    ``api_token`` is the run API token :func:`run_accept` minted; it is
+    reserved (nothing accepts it yet) and handed out once, never stored.
+    """
+    cfg = conf.get()
+    return {
+        "run_id": run.id,
+        "deployment_id": run.deployment_id,
+        "stack_id": run.stack_id,
+        "spec": run.deployment.spec,
+        "secrets": run.stack.secrets,
+        "scm": None,
+        "logs": {
+            "chunk_size_bytes": CHUNK_SIZE,
+            "seal_interval_s": SEAL_INTERVAL,
+            "live_interval_s": cfg.live_log_interval,
+            "max_bytes": cfg.log_max_bytes,
+        },
+        "status_interval_s": cfg.status_interval,
+        "api_token": api_token,
+    }
 
 
 def _accept_refusal(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime) -> Exception:
