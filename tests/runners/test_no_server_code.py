@@ -23,6 +23,7 @@ CLIENT_MODULES = [
     "runners.logsetup",
     "launchers",
     "launchers.local",
+    "launchers.docker",
 ]
 SERVER_PACKAGES = ("gantry", "django", "rest_framework", "celery", "psycopg", "redis")
 
