@@ -16,7 +16,7 @@ from tests.e2e.conftest import wait_until
 from tests.e2e.test_runs import kinds
 from tests.launchers_docker.conftest import DockerLab
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
 # A JWT's first two segments: what a runner token (or any other) looks like in text.
 JWT = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
