@@ -7,8 +7,10 @@ reaps workers as they finish. A launch that fails is reported as
 server fails it rather than leave it to its lease). Server errors and an
 unreachable server are backed off exponentially (up to ``--backoff-cap``
 seconds), never fatal. On start-up it re-attaches to the workers its launcher
-can still find (the local launcher: its state folder), counting them against
-its capacity.
+can still find (the local launcher: its state folder; the Docker launcher: its
+containers' labels), counting them against its capacity; a launcher that
+cannot list them yet (a Docker engine still starting) is asked again, with
+backoff, before the first poll.
 
 SIGTERM or SIGINT: stop polling (a parked long poll is cut off), finish the
 launch in hand, exit 0. Running workers are left alone: they finish their runs
