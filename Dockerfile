@@ -1,6 +1,7 @@
 # Gantry's image: the web server by default; the Celery worker, Celery beat
-# and the coordinator run from the same image with another command
-# (see docker-compose.yml).
+# and the coordinator (with the Docker launcher) run from the same image with
+# another command (see docker-compose.yml). The runs themselves go in
+# containers of the runner image, runners/Dockerfile (docs/launchers.md).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -12,6 +12,9 @@ anything is installed. It keeps a virtualenv in ``.venv`` in step with
     python3 dev.py test [ARGS]    pytest; ARGS go to pytest (e.g. -k poll, -x, tests/ops)
     python3 dev.py check          ruff check, ruff format --check, mypy, makemigrations --check
     python3 dev.py setup          only create .venv and install requirements-dev.txt
+    python3 dev.py runner-image [--base IMAGE] [--tag TAG]
+                                  build the Docker launcher's runner image (runners/Dockerfile; default
+                                  base python:3.11-slim, tag gantry-runner:local)
     python3 dev.py stop           stop the embedded PostgreSQL and Redis of the data folder
 
 With ``DATABASE_URL`` / ``REDIS_URL`` unset, Django's settings start an
@@ -22,8 +25,10 @@ start is quick. ``stop`` ends them.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -33,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -178,6 +184,37 @@ def cmd_setup(args: Sequence[str]) -> int:
     ensure_venv()
     print(f"ready: {VENV_PYTHON.relative_to(ROOT)}")
     return 0
+
+
+def _context_entry(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Build-context entries without bytecode, owned by root, dated 0: the same tree always makes the
+    same context, so Docker's build cache holds until a file really changes."""
+    if "__pycache__" in info.name.split("/") or info.name.endswith(".pyc"):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = 0
+    return info
+
+
+def cmd_runner_image(args: Sequence[str]) -> int:
+    """Build the runner image from a context of just runners/Dockerfile and runners/ (sent as a tar on stdin)."""
+    parser = argparse.ArgumentParser(prog="python3 dev.py runner-image", description="Build the runner image.")
+    parser.add_argument("--base", default="python:3.11-slim", help="BASE_IMAGE: any image with python3 3.11+")
+    parser.add_argument("--tag", default="gantry-runner:local", help="the image's tag (default gantry-runner:local)")
+    opts = parser.parse_args(args)
+    docker = shutil.which("docker")
+    if docker is None:
+        sys.exit("dev.py runner-image needs the docker command (Debian: apt-get install docker.io)")
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        tar.add(ROOT / "runners" / "Dockerfile", arcname="Dockerfile", filter=_context_entry)
+        for path in sorted((ROOT / "runners").iterdir()):
+            if path.name != "Dockerfile":
+                tar.add(path, arcname=f"runners/{path.name}", filter=_context_entry)
+    say(f"building {opts.tag} on {opts.base}")
+    argv = [docker, "build", "--network", "none", "--build-arg", f"BASE_IMAGE={opts.base}", "--tag", opts.tag, "-"]
+    return subprocess.run(argv, input=context.getvalue()).returncode
 
 
 # ---------------------------------------------------------------------------
@@ -604,6 +641,7 @@ COMMANDS = {
     "check": cmd_check,
     "setup": cmd_setup,
     "stop": cmd_stop,
+    "runner-image": cmd_runner_image,
 }
 
 

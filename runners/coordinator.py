@@ -7,8 +7,10 @@ reaps workers as they finish. A launch that fails is reported as
 server fails it rather than leave it to its lease). Server errors and an
 unreachable server are backed off exponentially (up to ``--backoff-cap``
 seconds), never fatal. On start-up it re-attaches to the workers its launcher
-can still find (the local launcher: its state folder), counting them against
-its capacity.
+can still find (the local launcher: its state folder; the Docker launcher: its
+containers' labels), counting them against its capacity; a launcher that
+cannot list them yet (a Docker engine still starting) is asked again, with
+backoff, before the first poll.
 
 SIGTERM or SIGINT: stop polling (a parked long poll is cut off), finish the
 launch in hand, exit 0. Running workers are left alone: they finish their runs
@@ -17,7 +19,7 @@ exits at once.
 
 Log lines are JSON with a stable ``event``: ``coordinator.started``,
 ``run.claimed``, ``worker.launched``, ``worker.reattached``, ``worker.exited``,
-``launch.retry``, ``dispatch.failed``, ``poll.backoff``, ``coordinator.stopped``.
+``launch.retry``, ``dispatch.failed``, ``poll.backoff``, ``discover.failed``, ``coordinator.stopped``.
 """
 
 from __future__ import annotations
@@ -137,7 +139,21 @@ class Coordinator:
         self.launch(claim)
 
     def reattach(self) -> None:
-        for handle in self.launcher.discover():
+        failures = 0
+        while True:
+            try:
+                found = self.launcher.discover()
+                break
+            except LaunchError as exc:
+                # An engine that does not answer yet (Docker restarting): without
+                # its list the capacity is unknown, so wait for it, never poll blind.
+                failures += 1
+                event(log, "discover.failed", "cannot list the launcher's workers: %s", exc.message,
+                      level=logging.WARNING, failures=failures)  # fmt: skip
+                self._pause("discover failed", failures, exc.message, status=None)
+                if self.stop_event.is_set():
+                    return
+        for handle in found:
             self.workers[handle.run_id] = handle
             event(log, "worker.reattached", "re-attached to %s for run %s", describe(handle), handle.run_id,
                   run_id=handle.run_id, runner_id=handle.runner_id, worker=handle.ident)  # fmt: skip
@@ -265,13 +281,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--server", default=env.get("GANTRY_SERVER"), help="service root URL [GANTRY_SERVER]")
     parser.add_argument("--token", default=None, help="the runner group's token [GANTRY_GROUP_TOKEN]")
     parser.add_argument("--token-file", default=env.get("GANTRY_GROUP_TOKEN_FILE"), help="read the token from a file")
-    parser.add_argument("--launcher", default=env.get("GANTRY_LAUNCHER", "local"), help="launcher kind (local)")
+    parser.add_argument("--launcher", default=env.get("GANTRY_LAUNCHER", "local"), help="launcher kind: local, docker")
     parser.add_argument(
         "--launcher-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an option for the launcher (repeatable); local: python=PATH, work_dir=DIR, pass_env=NAME,NAME",
+        help="an option for the launcher (repeatable, each KEY once; list values are comma-separated). "
+        "local: python=PATH, work_dir=DIR, pass_env=NAME,NAME. "
+        "docker: image=IMAGE (required), network=NAME|host, server_url=URL, pull=never|missing|always, "
+        "cpus=N, memory=SIZE, env=NAME,NAME, volume=SRC:DST[:ro],..., keep=true|false (docs/launchers.md)",
     )
     parser.add_argument(
         "--max-parallel",
@@ -313,6 +332,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--launcher-option takes KEY=VALUE, not {item!r}")
+        if key in options:
+            # A later value silently replacing an earlier one would drop a volume or a name.
+            parser.error(f"--launcher-option {key} is given twice; give a list as one comma-separated value")
         options[key] = value
     args.token = token
     args.options = options

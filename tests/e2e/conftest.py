@@ -352,9 +352,8 @@ def _sid(pid: int) -> int | None:
         return None
 
 
-@pytest.fixture
-def lab(server: Server, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lab]:
-    name = request.node.name.replace("test_", "")[:50]
+def new_lab(server: Server, name: str, tmp: Path) -> Lab:
+    """A runner group of its own (labels ``e2e: <name>``) and a stack that selects it."""
     labels = {"e2e": name}
     api = server.api()
     group = api.request(
@@ -369,7 +368,12 @@ def lab(server: Server, request: pytest.FixtureRequest, tmp_path: Path) -> Itera
             "spec": {"steps": [{"name": "hello", "run": "echo hello"}]},
         },
     ).json()
-    lab = Lab(server, name, int(group["id"]), str(group["token"]), int(stack["id"]), tmp_path)
+    return Lab(server, name, int(group["id"]), str(group["token"]), int(stack["id"]), tmp)
+
+
+@pytest.fixture
+def lab(server: Server, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lab]:
+    lab = new_lab(server, request.node.name.replace("test_", "")[:50], tmp_path)
     yield lab
     failed = getattr(request.node, "rep_call", None)
     for coordinator in lab.coordinators:

@@ -26,6 +26,7 @@ CLIENT_MODULES = [
     "runners.steps",
     "launchers",
     "launchers.local",
+    "launchers.docker",
 ]
 SERVER_PACKAGES = ("gantry", "django", "rest_framework", "celery", "psycopg", "redis")
 
