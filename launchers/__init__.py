@@ -19,7 +19,7 @@ __all__ = ["Assignment", "LaunchError", "Launcher", "WorkerHandle", "create", "g
 
 _REGISTRY: dict[str, type[Launcher]] = {}
 # Kinds shipped here; importing their module registers them.
-BUILTIN = ("local", "fake")
+BUILTIN = ("local", "kubernetes", "fake")
 
 L = TypeVar("L", bound=type[Launcher])
 
