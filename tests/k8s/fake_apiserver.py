@@ -120,6 +120,7 @@ class FakeCluster:
     def __post_init__(self) -> None:
         self.kubelet = FakeKubelet(self)
         self._http: ThreadingHTTPServer | None = None
+        self.stopped = False
 
     # ------------------------------------------------------------ life
 
@@ -138,6 +139,7 @@ class FakeCluster:
         self.kubelet.start()
 
     def stop(self) -> None:
+        self.stopped = True
         self.kubelet.stop()
         if self._http is not None:
             self._http.shutdown()
@@ -148,14 +150,16 @@ class FakeCluster:
         assert self._http is not None
         return f"http://127.0.0.1:{self._http.server_address[1]}"
 
-    def write_kubeconfig(self, path: Path, *, namespace: str | None = None, token: str | None = None) -> Path:
+    def write_kubeconfig(
+        self, path: Path, *, namespace: str | None = None, token: str | None = None, server: str | None = None
+    ) -> Path:
         context: dict[str, str] = {"cluster": "fake", "user": "fake"}
         if namespace:
             context["namespace"] = namespace
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "fake", "cluster": {"server": server or self.url}}],
             "users": [{"name": "fake", "user": {"token": token or self.token}}],
             "contexts": [{"name": "fake", "context": context}],
             "current-context": "fake",
@@ -411,6 +415,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # quiet: the tests read the cluster's state, not its access log
 
     def _serve(self) -> None:
+        if self.cluster.stopped:
+            # Gone: kept-alive connections drop too, as when a real API server goes away.
+            self.close_connection = True
+            return
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         length = int(self.headers.get("Content-Length") or 0)
