@@ -114,6 +114,10 @@ class FakeCluster:
     deleted: list[tuple[str, str, int | None]] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
     forbidden: set[tuple[str, str]] = field(default_factory=set)
+    # RBAC: when set, only these (verb, resource) pairs are allowed (a Role's rules); `used` records
+    # every pair a request was admitted for.
+    allowed: set[tuple[str, str]] | None = None
+    used: set[tuple[str, str]] = field(default_factory=set)
     injected: list[Injected] = field(default_factory=list)
     _versions: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
 
@@ -227,7 +231,7 @@ class FakeCluster:
             return 200, self._delete(resource, ns, str(name), None if grace is None else int(grace))
 
     def _admit(self, verb: str, resource: str, ns: str) -> None:
-        if (verb, resource) in self.forbidden:
+        if (verb, resource) in self.forbidden or (self.allowed is not None and (verb, resource) not in self.allowed):
             raise ApiError(
                 403,
                 "Forbidden",
@@ -236,6 +240,7 @@ class FakeCluster:
                 kind=resource,
             )
         with self.lock:
+            self.used.add((verb, resource))
             for injected in self.injected:
                 if injected.times > 0 and (injected.verb, injected.resource) == (verb, resource):
                     injected.times -= 1
