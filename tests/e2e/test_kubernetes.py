@@ -64,7 +64,8 @@ def test_a_run_succeeds_in_a_pod(cluster: FakeCluster, lab: Lab) -> None:
     # The runner token was only ever in the Secret.
     [secret] = [o for o in cluster.created if o["kind"] == "Secret"]
     token = base64.b64decode(secret["data"]["token"]).decode()
-    assert token.count(".") == 2 and token not in json.dumps(cluster.created_pods())
+    assert token.count(".") == 2
+    assert token not in json.dumps(cluster.created_pods())
     # The runner's own log is the container's (pods/log while the Pod lasts).
     assert '"event": "runner.exit"' in cluster.kubelet.log_text(name)
 
@@ -74,15 +75,14 @@ def test_a_failing_step_is_the_pods_exit_code(cluster: FakeCluster, lab: Lab) ->
     run_id = lab.deploy([{"name": "boom", "run": "echo about to fail; exit 7"}])
 
     run = lab.wait_terminal(run_id)
-    assert run["status"] == "failure" and run["exit_code"] == 7
+    assert run["status"] == "failure"
+    assert run["exit_code"] == 7
     [exited] = wait_until(lambda: coordinator.named("worker.exited", run_id), 30, "the pod to be reaped")
     assert exited["exit_code"] == 1  # the runner's "the run failed", read from the container's state
     assert "about to fail" in lab.read_log(run_id)[0]
 
 
-def test_an_image_that_will_not_pull_is_dispatch_failed_with_kubernetes_message(
-    cluster: FakeCluster, lab: Lab
-) -> None:
+def test_an_image_that_will_not_pull_is_dispatch_failed_with_kubernetes_message(cluster: FakeCluster, lab: Lab) -> None:
     coordinator = k8s_coordinator(lab, "startup_grace=2", image="registry.invalid/gantry-runner:nope")
     run_id = lab.deploy([{"name": "never", "run": "echo never"}])
 
@@ -151,7 +151,8 @@ def test_a_restarted_coordinator_reattaches_to_its_pod_and_the_run_completes_onc
     go.touch()
     run = lab.wait_terminal(run_id)
     assert run["status"] == "succeeded"
-    assert kinds(run).count("accepted") == 1 and kinds(run).count("finished") == 1
+    assert kinds(run).count("accepted") == 1
+    assert kinds(run).count("finished") == 1
     [exited] = wait_until(lambda: second.named("worker.exited", run_id), 30, "the re-attached pod to be reaped")
     assert exited["exit_code"] == 0  # from the container's terminated state
     assert "went" in lab.read_log(run_id)[0]

@@ -279,7 +279,9 @@ class FakeCluster:
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace", ns) != ns:
             raise ApiError(
-                400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request"
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
             )
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
@@ -287,7 +289,7 @@ class FakeCluster:
         causes = _validate_meta(meta)
         causes += _validate_pod(obj) if kind == "Pod" else _normalise_secret(obj)
         if causes:
-            field_name, message = causes[0]
+            _field_name, _message = causes[0]
             raise ApiError(
                 422,
                 "Invalid",

@@ -499,7 +499,7 @@ class FakeKubelet:
 
     def _kill(self, container: Container, signum: int, *, session: bool = True) -> None:
         """A signal to the container's main process, or (``session``) to every process in its session."""
-        if container.proc is None or container.proc.returncode is not None and not session:
+        if container.proc is None or (container.proc.returncode is not None and not session):
             return
         pid = container.proc.pid
         targets = [pid] if not session else _session_members(pid)

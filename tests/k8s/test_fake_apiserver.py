@@ -63,7 +63,8 @@ def status_of(exc: ApiException) -> dict[str, Any]:
 
 def test_a_pod_runs_to_its_exit_code_and_its_log_is_served(api: Any, cluster: FakeCluster) -> None:
     created = api.create_namespaced_pod(NAMESPACE, pod("p1", "echo one; echo two; echo three; exit 3"))
-    assert created.metadata.uid and created.metadata.resource_version
+    assert created.metadata.uid
+    assert created.metadata.resource_version
     assert created.metadata.creation_timestamp is not None
     assert created.status.phase == "Pending"
     assert created.spec.containers[0].image_pull_policy == "IfNotPresent"  # a tag that is not :latest

@@ -8,6 +8,7 @@ Gantry server and coordinator are in tests/e2e/test_kubernetes.py.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -130,8 +131,14 @@ def test_the_namespace_comes_from_the_option_else_the_kubeconfig_context(make: M
 
 
 def test_the_pod_is_labelled_and_its_token_is_only_in_an_owned_secret(make: Make, cluster: FakeCluster) -> None:
-    launcher = make(server_url="http://gantry.internal:8000", cpu_request="250m", memory_limit="1Gi",
-                    node_selector="disk=ssd,zone=a", image_pull_policy="IfNotPresent", active_deadline_seconds="3600")  # fmt: skip
+    launcher = make(
+        server_url="http://gantry.internal:8000",
+        cpu_request="250m",
+        memory_limit="1Gi",
+        node_selector="disk=ssd,zone=a",
+        image_pull_policy="IfNotPresent",
+        active_deadline_seconds="3600",
+    )
     job = assignment()
     handle = launcher.launch(job)
 
@@ -156,7 +163,8 @@ def test_the_pod_is_labelled_and_its_token_is_only_in_an_owned_secret(make: Make
     assert runner["resources"] == {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}}
     env = {e["name"]: e["value"] for e in runner["env"]}
     assert env["GANTRY_SERVER"] == "http://gantry.internal:8000"
-    assert env["GANTRY_RUN_ID"] == job.run_id and env["GANTRY_RUNNER_ID"] == job.runner_id
+    assert env["GANTRY_RUN_ID"] == job.run_id
+    assert env["GANTRY_RUNNER_ID"] == job.runner_id
     assert env["GANTRY_RUNNER_TOKEN_FILE"] == "/var/run/gantry/runner-token/token"
     # The token: nowhere in the Pod as the API stores it (env, args, labels, annotations, status).
     assert TOKEN not in json.dumps(pod)
@@ -168,7 +176,7 @@ def test_the_pod_is_labelled_and_its_token_is_only_in_an_owned_secret(make: Make
         {"apiVersion": "v1", "kind": "Pod", "name": handle.ident, "uid": pod["metadata"]["uid"]}
     ]
     assert secret["immutable"] is True
-    assert secret["data"] == {"token": __import__("base64").b64encode(TOKEN.encode()).decode()}
+    assert secret["data"] == {"token": base64.b64encode(TOKEN.encode()).decode()}
     [volume] = spec["volumes"]
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     assert runner["volumeMounts"] == [
@@ -205,7 +213,8 @@ def test_pod_template_lies_under_gantrys_fields(make: Make, cluster: FakeCluster
     pod = pod_of(cluster, handle)
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == handle.ident
-    assert meta["labels"]["team"] == "infra" and meta["annotations"]["cost-centre"] == "42"
+    assert meta["labels"]["team"] == "infra"
+    assert meta["annotations"]["cost-centre"] == "42"
     assert meta["labels"]["gantry.io/run-id"] == handle.run_id
     assert spec["restartPolicy"] == "Never"
     assert spec["tolerations"][0]["key"] == "dedicated"
@@ -214,9 +223,11 @@ def test_pod_template_lies_under_gantrys_fields(make: Make, cluster: FakeCluster
     assert [c["name"] for c in spec["containers"]] == ["runner", "sidecar"]
     runner = runner_container(pod)
     assert runner["image"] == SLOW_IMAGE
-    assert runner["command"] == ["python3", "-m", "runners.ephemeral"] and runner["args"] == []
+    assert runner["command"] == ["python3", "-m", "runners.ephemeral"]
+    assert runner["args"] == []
     env = {e["name"]: e["value"] for e in runner["env"]}
-    assert env["HTTP_PROXY"] == "http://proxy:3128" and env["GANTRY_RUN_ID"] == handle.run_id
+    assert env["HTTP_PROXY"] == "http://proxy:3128"
+    assert env["GANTRY_RUN_ID"] == handle.run_id
     assert sorted(m["mountPath"] for m in runner["volumeMounts"]) == ["/cache", "/var/run/gantry/runner-token"]
     assert runner["resources"] == {"limits": {"cpu": "2", "memory": "512Mi"}}
 
@@ -286,13 +297,17 @@ def test_a_finished_pod_found_at_start_is_reaped_with_its_exit_code(
     make: Make, cluster: FakeCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     # No server URL at all: the runner refuses its configuration (argparse's exit 2).
-    handle = make(image=RUNNER_IMAGE).launch(assignment(server=""))
+    launcher = make(image=RUNNER_IMAGE)
+    handle = launcher.launch(assignment(server=""))
     wait_until(lambda: pod_of(cluster, handle)["status"]["phase"] == "Failed", 60, "the runner to give up")
+    # Its own words, through pods/log.
+    assert "missing: --server" in "\n".join(launcher.last_lines(handle, limit=5))
 
     with caplog.at_level("INFO", logger="gantry.launcher.kubernetes"):
         assert make().discover() == []  # reaped there and then
     [exited] = [r for r in caplog.records if getattr(r, "event", "") == "worker.exited"]
-    assert exited.run_id == handle.run_id and exited.exit_code == 2  # type: ignore[attr-defined]
+    assert exited.run_id == handle.run_id
+    assert exited.exit_code == 2
     assert cluster.pod(NAMESPACE, handle.ident) is None
     assert "missing: --server" in cluster.kubelet.log_text(handle.ident)
 
@@ -303,6 +318,7 @@ def test_a_finished_pod_found_at_start_is_reaped_with_its_exit_code(
 def test_an_image_that_will_not_pull_is_a_startup_failure_after_the_grace(make: Make, cluster: FakeCluster) -> None:
     launcher = make(image="registry.invalid/gantry-runner:missing", startup_grace="2")
     handle = launcher.launch(assignment())
+
     def pull_failed() -> bool:
         statuses = pod_of(cluster, handle)["status"].get("containerStatuses") or [{"state": {}}]
         return statuses[0]["state"].get("waiting", {}).get("reason") == "ErrImagePull"
@@ -312,7 +328,8 @@ def test_an_image_that_will_not_pull_is_a_startup_failure_after_the_grace(make: 
     assert launcher.startup_failure(handle) is None  # within the grace
 
     failure = wait_until(lambda: launcher.startup_failure(handle), 30, "the grace to pass")
-    assert isinstance(failure, LaunchError) and failure.permanent
+    assert isinstance(failure, LaunchError)
+    assert failure.permanent
     assert failure.message.startswith(f"Pod {NAMESPACE}/{handle.ident} cannot start its runner: ")
     assert "registry.invalid/gantry-runner:missing" in failure.message
     assert "ErrImagePull" in failure.message or "ImagePullBackOff" in failure.message
@@ -346,8 +363,9 @@ def test_a_runner_command_missing_from_the_image_fails_the_start_at_once(make: M
 
     assert launcher.is_alive(handle)  # not an exited runner: a launch that failed
     failure = launcher.startup_failure(handle)
-    assert failure is not None and failure.permanent
-    assert 'StartError: failed to create containerd task' in failure.message
+    assert failure is not None
+    assert failure.permanent
+    assert "StartError: failed to create containerd task" in failure.message
     assert 'exec: "python3": executable file not found' in failure.message
 
 
@@ -360,7 +378,8 @@ def test_a_pod_left_without_its_secret_is_a_startup_failure_after_a_restart(make
         launcher.launch(assignment())
     [handle] = make().discover()
     failure = make().startup_failure(handle)
-    assert failure is not None and "has no token Secret" in failure.message
+    assert failure is not None
+    assert "has no token Secret" in failure.message
 
 
 # ---------------------------------------------------------------- API errors
@@ -401,7 +420,8 @@ def test_a_create_whose_answer_was_lost_is_adopted_on_retry(make: Make, cluster:
     first = launcher.launch(assignment())
     del cluster.secrets[(NAMESPACE, f"{first.ident}-token")]  # as if the first attempt died after the Pod
     again = launcher.launch(assignment())
-    assert again.ident == first.ident and again.meta["uid"] == first.meta["uid"]
+    assert again.ident == first.ident
+    assert again.meta["uid"] == first.meta["uid"]
     assert len(cluster.created_pods()) == 1
     assert cluster.secret(NAMESPACE, f"{first.ident}-token") is not None
 

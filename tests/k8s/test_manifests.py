@@ -122,7 +122,8 @@ def test_the_launcher_works_under_the_role_and_uses_all_of_it(
 
     first = launchers.create("kubernetes", state_dir=tmp_path, options=options)
     restarted = launchers.create("kubernetes", state_dir=tmp_path, options=options)
-    assert isinstance(first, KubernetesLauncher) and isinstance(restarted, KubernetesLauncher)
+    assert isinstance(first, KubernetesLauncher)
+    assert isinstance(restarted, KubernetesLauncher)
     try:
         first.group_id = restarted.group_id = "3"
         job = Assignment("http://127.0.0.1:9", "00000001-0000-4000-8000-000000000000",
@@ -138,5 +139,8 @@ def test_the_launcher_works_under_the_role_and_uses_all_of_it(
     finally:
         first.close()
         restarted.close()
-    assert cluster.pods == {} and cluster.secrets == {}
-    assert cluster.used == cluster.allowed, f"the Role grants more than the launcher uses: {cluster.allowed - cluster.used}"
+    assert cluster.pods == {}
+    assert cluster.secrets == {}
+    assert cluster.used == cluster.allowed, (
+        f"the Role grants more than the launcher uses: {cluster.allowed - cluster.used}"
+    )
