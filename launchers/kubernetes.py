@@ -401,7 +401,8 @@ class KubernetesLauncher(Launcher):
             return None
         message = f"{where} cannot start its runner: {view.waiting_reason}: {view.waiting_message}"
         pull_error = handle.meta.get("pull_error")
-        if view.waiting_reason == "ImagePullBackOff" and pull_error:
+        if view.waiting_reason == "ImagePullBackOff" and pull_error and pull_error not in view.waiting_message:
+            # Kubelets before 1.30 say only 'Back-off pulling image "x"'.
             message += f" (last pull: {pull_error})"
         return LaunchError(message[:MESSAGE_LIMIT], permanent=True)
 

@@ -16,18 +16,13 @@ from pathlib import Path
 import launchers
 from launchers.kubernetes import KubernetesLauncher
 from tests.e2e.conftest import Coordinator, Lab, wait_until
+from tests.e2e.test_runs import kinds
 from tests.k8s import fixtures
 from tests.k8s.fake_apiserver import FakeCluster
 from tests.k8s.fixtures import NAMESPACE, RUNNER_IMAGE, SLOW_IMAGE
 
 cluster = fixtures.cluster
 RUN_ID = "gantry.io/run-id"
-
-
-def kinds(run: dict[str, object]) -> list[str]:
-    events = run["events"]
-    assert isinstance(events, list)
-    return [str(e["kind"]) for e in events]
 
 
 def k8s_coordinator(lab: Lab, *options: str, image: str = RUNNER_IMAGE) -> Coordinator:

@@ -5,7 +5,7 @@ or Failed with its containers' real exit codes, as a one-node cluster would
 move it. Images are what the test registers (:class:`FakeImage`: a working
 folder standing for the image's file system, an environment, a pull time);
 an image that is not registered "cannot be pulled": the container waits with
-``ErrImagePull``, then ``ImagePullBackOff`` (backing off 1, 2, 4 ... s), with
+``ErrImagePull`` for a second, then ``ImagePullBackOff`` (backing off 2, 4, 8 ... s), with
 the messages containerd and the kubelet give. Also as the kubelet does:
 
 - a container whose image reference does not parse waits with
@@ -100,7 +100,7 @@ class Runtime:
     created: float = field(default_factory=time.monotonic)
     pull_started: float | None = None
     next_pull: float = 0.0
-    backoff: float = 1.0
+    backoff: float = 2.0
     pull_failed: bool = False
     kill_at: float | None = None
     containers: dict[str, Container] = field(default_factory=dict)
@@ -336,14 +336,15 @@ class FakeKubelet:
             runtime.next_pull = now + runtime.backoff
             runtime.backoff = min(runtime.backoff * 2, 300)
             runtime.pull_started = now
-        if runtime.pull_started is not None and now - runtime.pull_started < 0.5:
-            ref = full_reference(image)
-            return {
-                "reason": "ErrImagePull",
-                "message": f'rpc error: code = NotFound desc = failed to pull and unpack image "{ref}": '
-                f'failed to resolve reference "{ref}": {ref}: not found',
-            }
-        return {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
+        ref = full_reference(image)
+        error = (
+            f'rpc error: code = NotFound desc = failed to pull and unpack image "{ref}": '
+            f'failed to resolve reference "{ref}": {ref}: not found'
+        )
+        if runtime.pull_started is not None and now - runtime.pull_started < 1.0:
+            return {"reason": "ErrImagePull", "message": error}
+        # As kubelets since 1.30 word it; older ones stop after the image's name.
+        return {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}": ErrImagePull: {error}'}
 
     def _config_problem(self, ns: str, container: dict[str, Any]) -> dict[str, str] | None:
         for env in container.get("env") or []:

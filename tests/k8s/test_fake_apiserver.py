@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,13 +151,21 @@ def test_an_image_that_cannot_be_pulled_waits_in_err_image_pull_then_back_off(ap
     spec["spec"]["containers"][0]["image"] = "registry.invalid/nope:1"
     api.create_namespaced_pod(NAMESPACE, spec)
 
-    reason, message = wait_until(lambda: waiting(api, "nopull") if waiting(api, "nopull") != ("ContainerCreating", "")
-                                 else None, 30, "a pull error")  # fmt: skip
-    assert reason == "ErrImagePull"
-    assert 'failed to pull and unpack image "registry.invalid/nope:1"' in message
-    reason, message = wait_until(lambda: waiting(api, "nopull") if waiting(api, "nopull")[0] == "ImagePullBackOff"
-                                 else None, 30, "the back-off")  # fmt: skip
-    assert message == 'Back-off pulling image "registry.invalid/nope:1"'
+    def reason_is(wanted: str) -> Callable[[], tuple[str, str] | None]:
+        def check() -> tuple[str, str] | None:
+            state = waiting(api, "nopull")
+            return state if state is not None and state[0] == wanted else None
+
+        return check
+
+    _, message = wait_until(reason_is("ErrImagePull"), 30, "the pull to fail")
+    pull_error = (
+        'rpc error: code = NotFound desc = failed to pull and unpack image "registry.invalid/nope:1": '
+        'failed to resolve reference "registry.invalid/nope:1": registry.invalid/nope:1: not found'
+    )
+    assert message == pull_error
+    _, message = wait_until(reason_is("ImagePullBackOff"), 30, "the back-off")
+    assert message == f'Back-off pulling image "registry.invalid/nope:1": ErrImagePull: {pull_error}'
     assert phase(api, "nopull") == "Pending"
 
 
