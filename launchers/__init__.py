@@ -19,7 +19,7 @@ __all__ = ["Assignment", "LaunchError", "Launcher", "WorkerHandle", "create", "g
 
 _REGISTRY: dict[str, type[Launcher]] = {}
 # Kinds shipped here; importing their module registers them.
-BUILTIN = ("local", "docker", "fake")
+BUILTIN = ("local", "docker", "kubernetes", "fake")
 
 L = TypeVar("L", bound=type[Launcher])
 

@@ -281,16 +281,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--server", default=env.get("GANTRY_SERVER"), help="service root URL [GANTRY_SERVER]")
     parser.add_argument("--token", default=None, help="the runner group's token [GANTRY_GROUP_TOKEN]")
     parser.add_argument("--token-file", default=env.get("GANTRY_GROUP_TOKEN_FILE"), help="read the token from a file")
-    parser.add_argument("--launcher", default=env.get("GANTRY_LAUNCHER", "local"), help="launcher kind: local, docker")
+    parser.add_argument(
+        "--launcher", default=env.get("GANTRY_LAUNCHER", "local"), help="launcher kind: local, docker, kubernetes"
+    )
     parser.add_argument(
         "--launcher-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an option for the launcher (repeatable, each KEY once; list values are comma-separated). "
+        help="an option for the launcher (repeatable, each KEY once; list values are comma-separated; "
+        "docs/launchers.md). "
         "local: python=PATH, work_dir=DIR, pass_env=NAME,NAME. "
         "docker: image=IMAGE (required), network=NAME|host, server_url=URL, pull=never|missing|always, "
-        "cpus=N, memory=SIZE, env=NAME,NAME, volume=SRC:DST[:ro],..., keep=true|false (docs/launchers.md)",
+        "cpus=N, memory=SIZE, env=NAME,NAME, volume=SRC:DST[:ro],..., keep=true|false. "
+        "kubernetes: image=IMAGE (required), namespace=NS, context=NAME, service_account=NAME, "
+        "cpu_request/cpu_limit/memory_request/memory_limit=QUANTITY, node_selector=K=V,K2=V2, "
+        "image_pull_policy=Always|IfNotPresent|Never, active_deadline_seconds=N, server_url=URL, "
+        "startup_grace=SECONDS (30), pod_template=FILE.yaml",
     )
     parser.add_argument(
         "--max-parallel",
