@@ -41,6 +41,7 @@ import sys
 import tarfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -148,11 +149,22 @@ def manage(python: Path, *args: str, env: dict[str, str] | None = None, capture:
 # ---------------------------------------------------------------------------
 
 
+def test_redis_db(redis_url: str | None) -> str:
+    """The Redis database the tests use: eight above the configured one (0 for the embedded Redis), so a
+    test run never touches a running server's data in the same Redis; respects a GANTRY_REDIS_DB given."""
+    given = os.environ.get("GANTRY_REDIS_DB")
+    if given:
+        return given
+    path = urllib.parse.urlsplit(redis_url or "").path.strip("/")
+    return str(((int(path) if path.isdigit() else 0) + 8) % 16)
+
+
 def cmd_test(args: Sequence[str]) -> int:
     python = ensure_venv()
+    env = venv_env({"GANTRY_REDIS_DB": test_redis_db(os.environ.get("REDIS_URL"))})
     # pytest's own exit code, unchanged: 5 means "no tests collected", which
     # .ci/run treats as a failure.
-    return subprocess.run([str(python), "-m", "pytest", *args], cwd=ROOT, env=venv_env()).returncode
+    return subprocess.run([str(python), "-m", "pytest", *args], cwd=ROOT, env=env).returncode
 
 
 def cmd_check(args: Sequence[str]) -> int:
@@ -524,7 +536,8 @@ def follow_run(base_url: str, token: str, run_id: str, supervisor: Supervisor, t
                     *lines, pending = pending.split("\n")
                     for line in lines:
                         print(f"    | {line}", flush=True)
-                    complete = bool(page["complete"])
+                    # final: nothing more will come (complete, or known to have lost some output).
+                    complete = bool(page.get("final", page["complete"]))
             if run["status"] != status:
                 status = str(run["status"])
                 print(f"    [run {status}]", flush=True)

@@ -57,6 +57,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a body over the limit is refused before anything could read it.
+    "gantry.web.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -97,7 +99,17 @@ def _database_from_url(url: str) -> dict[str, object]:
     name = unquote(parts.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured("DATABASE_URL names no database")
-    if envbool("GANTRY_DB_POOL", True):
+    pooled = envbool("GANTRY_DB_POOL", True)
+    if pooled:
+        from psycopg_pool.base import AttemptWithBackoff
+
+        # While the database is down the pool retries each missing connection
+        # with exponential backoff (1 s, 2 s, 4 s, ...), so after a restart it
+        # could be seconds before it tried again. A steady quarter-second retry
+        # costs one refused connect per missing connection and brings the pool
+        # back within a beat of the database: /readyz and requests with it.
+        AttemptWithBackoff.INITIAL_DELAY = 0.25
+        AttemptWithBackoff.DELAY_BACKOFF = 1.0
         # psycopg's pool (Django 5.1+): the poll path reuses warm connections.
         options["pool"] = {
             "min_size": envint("GANTRY_DB_POOL_MIN", 2, minimum=0),
@@ -112,6 +124,11 @@ def _database_from_url(url: str) -> dict[str, object]:
         "HOST": host,
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
+        # A connection is checked before a request uses it: with the pool, as it
+        # leaves the pool (psycopg's check_connection, one empty query); without,
+        # Django's own check of a kept connection. After a database restart a
+        # dead connection is then replaced instead of failing the request.
+        "CONN_HEALTH_CHECKS": True,
         "TEST": {"NAME": envstr("GANTRY_TEST_DATABASE_NAME") or None},
     }
 
@@ -121,6 +138,14 @@ DATABASES = {"default": _database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL") or embedded.redis_url()
+# Another database of the same Redis (0-15), replacing the URL's own: the
+# test suite runs on one of its own (dev.py test sets it), so it never touches
+# a development server's throttle buckets or live logs on the same Redis.
+_redis_db = envstr("GANTRY_REDIS_DB")
+if _redis_db:
+    if not _redis_db.isdigit() or not 0 <= int(_redis_db) <= 15:
+        raise ImproperlyConfigured(f"GANTRY_REDIS_DB must be a Redis database number from 0 to 15, not {_redis_db!r}")
+    REDIS_URL = urlsplit(REDIS_URL)._replace(path=f"/{int(_redis_db)}").geturl()
 
 # Sealed log chunks (docs/logs.md): S3 when a bucket is named, else files
 # under GANTRY_LOG_DIR (empty: <data folder>/logs, created on first use).
@@ -160,7 +185,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["gantry.api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "gantry.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
@@ -197,6 +222,20 @@ if _jwt_keys_raw:
 else:
     GANTRY_JWT_KEYS = {"default": SECRET_KEY}
     GANTRY_JWT_SIGNING_KID = "default"
+
+# Keys that encrypt stack secrets at rest (gantry/core/secrets.py): Fernet keys,
+# comma separated; the first encrypts, all decrypt. Empty: one derived from SECRET_KEY.
+GANTRY_SECRETS_KEYS = envstr("GANTRY_SECRETS_KEYS")
+for _key in filter(None, (k.strip() for k in GANTRY_SECRETS_KEYS.split(","))):
+    from cryptography.fernet import Fernet
+
+    try:
+        Fernet(_key)
+    except (ValueError, TypeError):
+        raise ImproperlyConfigured(
+            "GANTRY_SECRETS_KEYS must be comma-separated Fernet keys (python -c 'from cryptography.fernet "
+            "import Fernet; print(Fernet.generate_key().decode())')"
+        ) from None
 
 GANTRY = conf.get()
 

@@ -402,7 +402,7 @@ class GantryClient:
         return data if isinstance(data, dict) else None
 
     def run_logs(self, run_id: str, offset: int = 0) -> dict[str, Any]:
-        """``{text, next_offset, complete}`` from ``offset`` on (docs/logs.md)."""
+        """``{text, next_offset, complete, final}`` from ``offset`` on (docs/logs.md)."""
         data = self.request("GET", f"/api/v1/runs/{run_id}/logs", query={"offset": offset}).json()
         assert isinstance(data, dict)
         return data

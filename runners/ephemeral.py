@@ -46,6 +46,7 @@ from runners import logsetup
 from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable
 from runners.logbuf import LogBuffer, LogShipper, Manifest
 from runners.logsetup import event
+from runners.masking import SecretMasker
 from runners.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES
 from runners.steps import EXIT_CANNOT_EXECUTE, EXIT_TIMEOUT, STOP_WORDS, StepLog, StepStartFailed, StepSupervisor
 
@@ -273,7 +274,8 @@ class EphemeralRunner:
             self.client, self.run_id, self.buf, live_interval=float(logs.get("live_interval_s") or 2)
         )
         self.shipper.start()
-        self.steplog = StepLog(self.buf)
+        secrets = [str(v) for v in (context.get("secrets") or {}).values()]
+        self.steplog = StepLog(self.buf, SecretMasker(secrets, self.buf.write))
         status_interval = float(context.get("status_interval_s") or 5)
         poller = threading.Thread(target=self._status_loop, args=(status_interval,), name="status", daemon=True)
         poller.start()
@@ -285,6 +287,7 @@ class EphemeralRunner:
             env = self._step_env(context, work)
             return self._run_steps(spec, env, work)
         finally:
+            self.steplog.flush()
             self._done.set()
             if not self.cfg.keep_work_dir:
                 shutil.rmtree(work, ignore_errors=True)

@@ -25,6 +25,7 @@ from typing import IO, Protocol
 
 from runners import procfs
 from runners.logsetup import event
+from runners.masking import SecretMasker
 
 log = logging.getLogger("gantry.runner")
 
@@ -45,27 +46,36 @@ class Sink(Protocol):
 
 
 class StepLog:
-    """The run's log as the steps see it: their raw output, and the runner's own notice lines between.
+    """The run's log as the steps see it: their raw output (masked), and the runner's own notice lines between.
 
-    It remembers the last byte written, so a notice always starts on a line of
-    its own even after output that did not end with a newline.
+    Step output goes through ``masker`` (the stack's secrets become ``***``)
+    before it reaches the log buffer; notices are the runner's own words and
+    go straight in, after whatever the masker still held. It remembers the last
+    byte written, so a notice always starts on a line of its own even after
+    output that did not end with a newline.
     """
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, masker: SecretMasker | None = None) -> None:
         self.sink = sink
+        self.masker = masker or SecretMasker((), sink.write)
         self._last_byte = b"\n"
 
     def output(self, data: bytes) -> None:
         if data:
             self._last_byte = data[-1:]
-            self.sink.write(data)
+            self.masker.write(data)
 
     def notice(self, line: bytes) -> None:
         """A line of the runner's own (headers, footers, notices), on a line of its own."""
+        self.flush()
         if self._last_byte != b"\n":
             line = b"\n" + line
         self._last_byte = line[-1:]
         self.sink.write(line)
+
+    def flush(self) -> None:
+        """Everything the steps wrote is in the log (the masker's held tail included)."""
+        self.masker.flush()
 
 
 class StepStartFailed(Exception):

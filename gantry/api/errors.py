@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django import db
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from rest_framework import exceptions as drf
@@ -52,6 +53,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             exc.detail,
             extra={"event": "api.refused", "code": exc.code, "path": getattr(request, "path", None)},
         )
+        return Response(exc.as_dict(), status=exc.http_status, headers=exc.headers())
+    if isinstance(exc, (db.OperationalError, db.InterfaceError)):
+        # The database is down or restarting: a client can retry, and a 500
+        # (with a traceback in the log) would say the server is broken.
+        log.warning("database unavailable: %s", exc, extra={"event": "api.database_unavailable"})
+        exc = errors.ServiceUnavailable("the database is not answering; try again shortly", retry_after=1)
         return Response(exc.as_dict(), status=exc.http_status, headers=exc.headers())
     if isinstance(exc, Http404):
         exc = drf.NotFound("not found")

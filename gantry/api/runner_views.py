@@ -26,6 +26,7 @@ from gantry.core.models import RunStatus
 from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
+from gantry.logs.limits import MAX_CHUNKS
 
 # ---------------------------------------------------------------- runner group
 
@@ -116,13 +117,18 @@ class DispatchFailedView(APIView):
 # ---------------------------------------------------------------- runner
 
 
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
 class ReadySerializer(serializers.Serializer):
     hostname = serializers.CharField(max_length=255, required=False, allow_blank=True)
     launcher = serializers.CharField(max_length=32, required=False, allow_blank=True)
-    pid = serializers.IntegerField(required=False, allow_null=True)
+    # Ranges are the columns' (integer, bigint): a larger number is a 400, never a database error.
+    pid = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=INT32_MAX)
     container_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
     pod_name = serializers.CharField(max_length=253, required=False, allow_blank=True)
-    workflow_run_id = serializers.IntegerField(required=False, allow_null=True)
+    workflow_run_id = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=INT64_MAX)
 
 
 class ReadyView(APIView):
@@ -224,14 +230,16 @@ class AcknowledgeCancelView(APIView):
 
 
 class ManifestSerializer(serializers.Serializer):
-    count = serializers.IntegerField(min_value=0)
-    sha256 = serializers.ListField(child=serializers.CharField(max_length=64), help_text="Hash of each sealed chunk.")
+    count = serializers.IntegerField(min_value=0, max_value=MAX_CHUNKS)
+    sha256 = serializers.ListField(
+        child=serializers.CharField(max_length=64), max_length=MAX_CHUNKS, help_text="Hash of each sealed chunk."
+    )
 
 
 class DoneSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=["succeeded", "failure", "cancelled"])
-    exit_code = serializers.IntegerField(required=False, allow_null=True)
-    sealed_chunks = serializers.IntegerField(required=False, min_value=0)
+    exit_code = serializers.IntegerField(required=False, allow_null=True, min_value=-INT32_MAX - 1, max_value=INT32_MAX)
+    sealed_chunks = serializers.IntegerField(required=False, min_value=0, max_value=MAX_CHUNKS)
     manifest = ManifestSerializer(required=False)
     error = serializers.CharField(required=False, allow_blank=True, max_length=4000)
 

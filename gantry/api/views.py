@@ -12,10 +12,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry.api import serializers as s
-from gantry.api.auth import IsSuperuser, IsUser
+from gantry.api.auth import IsSuperuser, IsUser, member_role
 from gantry.api.common import UserView, org_for, scoped, user_errors, user_of, validated
 from gantry.core import services
-from gantry.core.models import Deployment, Membership, Organization, Run, RunnerGroup, Stack
+from gantry.core.errors import SpecOverrideForbidden
+from gantry.core.models import Deployment, Membership, Organization, Role, Run, RunnerGroup, Stack
 
 # ---------------------------------------------------------------- orgs
 
@@ -248,11 +249,16 @@ class DeploymentListView(UserView):
         operation_id="deployments_create",
         request=s.DeploymentCreateSerializer,
         responses={201: s.DeploymentSerializer, **user_errors(400, 401, 403, 404)},
-        description="Queue a deployment (org member). Its run is pending when the stack's lane is free, else queued.",
+        description="Queue a deployment (org member). Its run is pending when the stack's lane is free, else queued. "
+        "A `spec` of its own (overriding the stack's) needs the org admin role: 403 `spec_override_forbidden`.",
     )
     def post(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk)
         data = validated(s.DeploymentCreateSerializer, request)
+        if "spec" in data and member_role(user_of(request), stack.organization) != Role.ADMIN:
+            # The steps run with the stack's secrets in their environment: what
+            # they run is the stack's (an admin's) to say, not any member's.
+            raise SpecOverrideForbidden("only an org admin may queue a deployment with its own spec")
         deployment = services.deployment_create(stack=stack, spec=data.get("spec"), created_by=user_of(request))
         return Response(s.DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 

@@ -534,9 +534,10 @@ class StackForm(forms.ModelForm):
     def clean_labels(self) -> dict[str, str]:
         return _validated(specs.validate_stack_labels, self.cleaned_data.get("labels") or {})
 
-    def clean_spec(self) -> dict[str, Any]:
-        spec = self.cleaned_data.get("spec") or {}
-        return _validated(specs.validate_spec, spec) if spec else {}
+    def clean_spec(self) -> dict[str, Any] | None:
+        # Empty means "no default spec" (deployments bring their own), never an empty spec.
+        spec = self.cleaned_data.get("spec")
+        return _validated(specs.validate_spec, spec) if spec else None
 
     def clean_secrets_update(self) -> dict[str, str | None]:
         update = self.cleaned_data.get("secrets_update")
@@ -546,17 +547,14 @@ class StackForm(forms.ModelForm):
             isinstance(k, str) and k and (v is None or isinstance(v, str)) for k, v in update.items()
         ):
             raise ValidationError("Give a JSON object mapping secret names to a string, or to null to remove it.")
+        # The same rules as the API: names a step's shell can use, storable values.
+        _validated(specs.validate_secrets, {k: v for k, v in update.items() if v is not None})
         return update
 
     def clean(self) -> dict[str, Any] | None:
         cleaned = super().clean()
         _check_unique_name(self, Stack)
         return cleaned
-
-
-def _apply_secrets(current: dict[str, str], update: dict[str, str | None]) -> dict[str, str]:
-    merged = {**current, **{k: v for k, v in update.items() if v is not None}}
-    return {k: v for k, v in merged.items() if update.get(k, "") is not None}
 
 
 @admin.register(Stack)
@@ -587,16 +585,16 @@ class StackAdmin(ScopedAdmin):
         update = data.get("secrets_update") or {}
         if change:
             fields = {f: data[f] for f in form.changed_data if f in STACK_FIELDS}
-            if update:
-                fields["secrets"] = _apply_secrets(obj.secrets, update)
             services.stack_update(stack=obj, **fields)
+            if update:
+                services.stack_set_secrets(stack=obj, changes=update)
             return
         stack = services.stack_create(
             org=data["organization"],
             name=data["name"],
             labels=data["labels"],
             spec=data["spec"],
-            secrets=_apply_secrets({}, update),
+            secrets={k: v for k, v in update.items() if v is not None},
         )
         _adopt(obj, stack)
 

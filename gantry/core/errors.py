@@ -96,6 +96,13 @@ class Forbidden(GantryError):
     http_status = 403
 
 
+class SpecOverrideForbidden(Forbidden):
+    """A member queued a deployment with a spec of its own: overriding a stack's spec needs the org admin role
+    (the stack's secrets reach the steps)."""
+
+    code = "spec_override_forbidden"
+
+
 class RunBinding(Forbidden):
     """A runner token used on another run's or another runner's path (the run binding)."""
 
@@ -126,11 +133,25 @@ class NotAcceptable(GantryError):
     http_status = 406
 
 
+class BodyTooLarge(GantryError):
+    """The request body is over the limit (DATA_UPLOAD_MAX_MEMORY_SIZE, 4 MiB): nothing was read or changed."""
+
+    code = "body_too_large"
+    http_status = 413
+
+
 class UnsupportedMediaType(GantryError):
     """The body's Content-Type is not one the route reads (JSON, for all but the log upload)."""
 
     code = "unsupported_media_type"
     http_status = 415
+
+
+class ServiceUnavailable(GantryError):
+    """A dependency (the database) is not answering; try again after the Retry-After header's seconds."""
+
+    code = "service_unavailable"
+    http_status = 503
 
 
 # ---------------------------------------------------------------- 409

@@ -1,15 +1,63 @@
-"""Validation of the user-supplied shapes: run specs and label maps."""
+"""Validation of the user-supplied shapes: run specs, label maps and secrets.
+
+Every JSON-stored field passes :func:`gantry.core.jsonsafe.check` first (no NUL,
+no lone surrogate, bounded nesting). The size caps keep a spec something a
+shell can execute: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN;
+a step's ``run`` is one argument of ``bash -c``) and a whole argument list and
+environment over ARG_MAX (2 MiB with the usual 8 MiB stack), with ``E2BIG``.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
+from gantry.core import jsonsafe
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import RESERVED_PREFIX, SELECTOR_PREFIX
 
 MAX_STEPS = 200
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 DEFAULT_TIMEOUT_SECONDS = 3600
+# A step's command line, in UTF-8 bytes: under the kernel's 128 KiB per argument.
+MAX_RUN_BYTES = 96 * 1024
+# A whole spec as JSON (all steps and env), and all of a stack's secrets: with
+# one step's run they stay under ARG_MAX, which bounds the step's environment too.
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_SECRETS_BYTES = 256 * 1024
+# One environment value (NAME=value is one string of the environment block).
+MAX_ENV_VALUE_BYTES = 96 * 1024
+MAX_NAME_LENGTH = 128
+# A name a step's shell can use as a variable.
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Names a spec or a secret may not set: they would break the step's shell or
+# hijack what runs (the dynamic loader, bash's start-up files), or spoof the
+# run's own identity (GANTRY_*, set by the runner last).
+RESERVED_ENV = frozenset(
+    {
+        "PATH", "HOME", "SHELL", "USER", "LOGNAME", "PWD", "OLDPWD", "IFS", "ENV", "BASH_ENV", "SHELLOPTS",
+        "BASHOPTS", "PS4", "PROMPT_COMMAND", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT",
+    }
+)  # fmt: skip
+RESERVED_ENV_PREFIXES = ("GANTRY_", "BASH_FUNC_", "LD_")
+
+
+def validate_env_name(name: Any, field: str) -> str:
+    """A variable name a step's environment may carry: a shell identifier, not reserved."""
+    if not isinstance(name, str) or not _SHELL_NAME.match(name) or len(name) > MAX_NAME_LENGTH:
+        raise InvalidRequest(
+            f"{field}: {name!r} is not a valid variable name (letters, digits and _, not starting with a digit, "
+            f"at most {MAX_NAME_LENGTH} characters)",
+            field=field,
+        )
+    if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+        raise InvalidRequest(f"{field}: {name} is reserved and cannot be set", field=field)
+    return name
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8"))
 
 
 def validate_spec(spec: Any, *, field: str = "spec") -> dict[str, Any]:
@@ -20,8 +68,11 @@ def validate_spec(spec: Any, *, field: str = "spec") -> dict[str, Any]:
     Unknown keys are refused: a misspelt ``timout_seconds`` must not silently
     become the default.
     """
+    jsonsafe.check(spec, field)
     if not isinstance(spec, dict):
         raise InvalidRequest(f"{field} must be an object")
+    if _utf8_len(json.dumps(spec)) > MAX_SPEC_BYTES:
+        raise InvalidRequest(f"{field} is over {MAX_SPEC_BYTES} bytes as JSON", field=field)
     unknown = set(spec) - {"steps", "env", "timeout_seconds"}
     if unknown:
         raise InvalidRequest(f"{field} has unknown keys: {', '.join(sorted(unknown))}")
@@ -39,12 +90,19 @@ def validate_spec(spec: Any, *, field: str = "spec") -> dict[str, Any]:
             raise InvalidRequest(f"{field}.steps[{i}].name must be a non-empty string")
         if not isinstance(run, str) or not run.strip():
             raise InvalidRequest(f"{field}.steps[{i}].run must be a non-empty shell command")
+        if _utf8_len(run) > MAX_RUN_BYTES:
+            raise InvalidRequest(
+                f"{field}.steps[{i}].run is over {MAX_RUN_BYTES} bytes; put a long script in a file the step runs",
+                field=f"{field}.steps[{i}].run",
+            )
         clean_steps.append({"name": name, "run": run})
     env = spec.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise InvalidRequest(f"{field}.env must map strings to strings")
-    if any(not k or "=" in k or "\0" in k for k in env):
-        raise InvalidRequest(f"{field}.env has an invalid variable name")
+    for name, value in env.items():
+        validate_env_name(name, f"{field}.env")
+        if _utf8_len(value) > MAX_ENV_VALUE_BYTES:
+            raise InvalidRequest(f"{field}.env.{name} is over {MAX_ENV_VALUE_BYTES} bytes", field=f"{field}.env")
     timeout = spec.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
     if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
         raise InvalidRequest(f"{field}.timeout_seconds must be a whole number from 1 to {MAX_TIMEOUT_SECONDS}")
@@ -52,6 +110,7 @@ def validate_spec(spec: Any, *, field: str = "spec") -> dict[str, Any]:
 
 
 def _validate_label_map(labels: Any, field: str) -> dict[str, str]:
+    jsonsafe.check(labels, field)
     if not isinstance(labels, dict):
         raise InvalidRequest(f"{field} must be an object of string keys and values")
     for key, value in labels.items():
@@ -82,3 +141,15 @@ def validate_stack_labels(labels: Any) -> dict[str, str]:
     if any(k == SELECTOR_PREFIX for k in clean):
         raise InvalidRequest(f"labels: '{SELECTOR_PREFIX}' needs a key after the prefix")
     return clean
+
+
+def validate_secrets(secrets: Any, *, field: str = "secrets") -> dict[str, str]:
+    """Secret name → value: names as for the environment (they become variables of the steps), values strings."""
+    jsonsafe.check(secrets, field)
+    if not isinstance(secrets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in secrets.items()):
+        raise InvalidRequest(f"{field} must map strings to strings", field=field)
+    for name in secrets:
+        validate_env_name(name, field)
+    if sum(_utf8_len(k) + _utf8_len(v) for k, v in secrets.items()) > MAX_SECRETS_BYTES:
+        raise InvalidRequest(f"{field} hold over {MAX_SECRETS_BYTES} bytes in all", field=field)
+    return dict(secrets)

@@ -10,7 +10,17 @@ spliced in). The stream is, in order:
 2. for a run without a manifest whose live record is the next chunk
    (``chunk_index == count``): the live snapshot's bytes;
 3. everything past ``GANTRY_LOG_MAX_BYTES`` is cut and replaced by one line
-   ``[gantry: log truncated at N bytes (GANTRY_LOG_MAX_BYTES)]``.
+   ``[gantry: log truncated at N bytes (GANTRY_LOG_MAX_BYTES)]``;
+4. for a run whose runner was lost (the run failed without the runner's
+   /done, and the server kept what it had: the manifest the flush recorded),
+   a last line ``[gantry: the runner was lost; any output after this point is
+   missing]``, so lost output is never silent.
+
+``complete`` is true only for a log Gantry knows to be whole: the run has
+ended, not as a lost runner's (see 4), and every chunk its manifest lists was
+read back intact. ``final`` is true once the run has ended and the page reaches the end
+of what will ever be there (a follower stops on it): a lost runner's log, or
+one with a missing chunk, is final but not complete.
 
 ``count`` and the expected hashes come from the run's manifest once it has one
 (/done, or the reaper's flush); before that from the live record's
@@ -60,6 +70,10 @@ INDEX_TTL = 7 * 24 * 3600
 
 def missing_line(n: int) -> bytes:
     return f"[gantry: log chunk {n} missing]\n".encode()
+
+
+def lost_line() -> bytes:
+    return b"[gantry: the runner was lost; any output after this point is missing]\n"
 
 
 def corrupt_line(n: int) -> bytes:
@@ -216,6 +230,8 @@ class LogPage:
     text: str
     next_offset: int
     complete: bool
+    # The run has ended and nothing will be added after next_offset.
+    final: bool = False
 
 
 @dataclass
@@ -223,16 +239,23 @@ class _Sources:
     count: int
     expected: list[str | None] = field(default_factory=list)
     live_text: bytes | None = None
+    # The server's own record of a lost runner's log (the flush), not the runner's /done.
+    lost: bool = False
+    # Set while reading: a chunk the manifest lists was missing or corrupt.
+    gaps: bool = False
 
 
 def _sources(run: Run, index: ChunkIndex) -> _Sources:
     manifest: dict[str, Any] | None = run.log_manifest
     if manifest is not None:
         # The manifest is final: the live record (if one lingers) is ignored.
-        return _Sources(count=int(manifest["count"]), expected=list(manifest["sha256"]))
+        lost = "lost" in manifest or "flushed_chunk" in manifest
+        return _Sources(count=int(manifest["count"]), expected=list(manifest["sha256"]), lost=lost)
     record = live.get(run.id)
     count = record.sealed_chunks if record is not None else index.present_count()
-    src = _Sources(count=count)
+    # A live record outlives its run only when the runner never reached /done
+    # (which deletes it): lost, even before the flush has recorded the loss.
+    src = _Sources(count=count, lost=record is not None and run.status in TERMINAL)
     if record is not None and record.chunk_index == count:
         # The live snapshot of chunk k is a prefix of sealed chunk k, so offsets
         # into it stay valid once it seals. An unreadable snapshot is skipped:
@@ -261,14 +284,19 @@ def _segments(src: _Sources, index: ChunkIndex) -> Iterator[Segment]:
         info = index.info(n)
         if info is None:
             seg = marker(missing_line(n))
+            src.gaps = True
         elif info.length is None or (expected is not None and info.sha256 != expected):
             seg = marker(corrupt_line(n))
+            src.gaps = True
         else:
             seg = Segment(info.length, info.ends_with_newline, _loader(index, n))
         prev_nl = seg.ends_with_newline if seg.length else prev_nl
         yield seg
     if src.live_text is not None:
         yield Segment(len(src.live_text), src.live_text.endswith(b"\n"), _const(src.live_text))
+        prev_nl = src.live_text.endswith(b"\n") if src.live_text else prev_nl
+    if src.lost:
+        yield marker(lost_line())
 
 
 def _capped(segments: Iterator[Segment], max_bytes: int) -> Iterator[Segment]:
@@ -319,9 +347,13 @@ def read_log(run: Run, *, offset: int, limit: int = PAGE_BYTES, storage: LogStor
             more = True
             break
     index.save()
-    complete = terminal and not more and pos <= want_end
-    if complete:
-        return LogPage(text=out.decode("utf-8", errors="replace"), next_offset=max(offset, pos), complete=True)
+    final = terminal and not more and pos <= want_end
+    # Known whole unless the server recorded a lost runner's log (every path that fails an executing run
+    # without its runner's /done flushes and flags it) or a listed chunk did not read back.
+    whole = not src.lost and not src.gaps
+    if final:
+        text = out.decode("utf-8", errors="replace")
+        return LogPage(text=text, next_offset=max(offset, pos), complete=whole, final=True)
     # More may follow (the next page, or bytes the runner has yet to write):
     # never end inside a character.
     out = out[: len(out) - incomplete_tail(out)]

@@ -17,7 +17,7 @@ from gantry.core.models import EXECUTING, TERMINAL, Run
 from gantry.logs import live
 from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS
 from gantry.logs.manifest import is_sha256
-from gantry.logs.reader import gunzip
+from gantry.logs.reader import ChunkIndex, gunzip
 from gantry.logs.storage import LocalStorage, PresignedPut, UploadGrant, get_storage
 
 log = logging.getLogger("gantry.logs")
@@ -114,7 +114,7 @@ def flush_live_log(run_id: uuid.UUID) -> bool:
     storage authoritative), and when there is no live record. Call it after
     the run's failure has committed, outside a transaction (storage may be S3).
     """
-    row = Run.objects.filter(id=run_id).values("status", "log_manifest").first()
+    row = Run.objects.filter(id=run_id).values("status", "log_manifest", "started_at").first()
     if row is None:
         live.delete(run_id)
         return False
@@ -125,7 +125,20 @@ def flush_live_log(run_id: uuid.UUID) -> bool:
         return False
     record = live.get(run_id)
     if record is None:
-        return False
+        if row["started_at"] is None:
+            return False  # never started: no output, nothing lost
+        # The runner was lost before its first live push, or Redis lost the
+        # record: keep what storage has, and say that the rest is missing.
+        present = ChunkIndex(run_id, get_storage()).present_count()
+        lost: dict[str, Any] = {"count": present, "sha256": [None] * present, "lost": True}
+        recorded = Run.objects.filter(id=run_id, log_manifest__isnull=True).update(log_manifest=lost) == 1
+        log.info(
+            "no live log for run %s; recorded %d stored chunk(s) and the loss",
+            run_id,
+            present,
+            extra={"event": "logs.flushed_lost", "run_id": str(run_id), "chunks": present, "recorded": recorded},
+        )
+        return recorded
     n = record.chunk_index
     hashes: list[str | None] = [None] * n
     text = gunzip(record.data)

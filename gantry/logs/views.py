@@ -159,7 +159,13 @@ class LogUploadView(APIView):
 class LogPageSerializer(serializers.Serializer):
     text = serializers.CharField(help_text="The log from `offset`, decoded as UTF-8 (invalid bytes as U+FFFD).")
     next_offset = serializers.IntegerField(help_text="Ask again from here to follow the log.")
-    complete = serializers.BooleanField(help_text="The run has finished and the log ends at next_offset.")
+    complete = serializers.BooleanField(
+        help_text="The run has finished and the log is known whole: it ends at next_offset."
+    )
+    final = serializers.BooleanField(
+        help_text="The run has finished and nothing will be added after next_offset (stop following). "
+        "Final but not complete: output was lost, and the text ends with a [gantry: ...] line saying so."
+    )
 
 
 class RunLogView(UserView):
@@ -173,7 +179,7 @@ class RunLogView(UserView):
         responses={200: LogPageSerializer, **user_errors(400, 401, 403, 404)},
         description=f"The run's log from `offset`: sealed chunks in order (gap markers for missing or corrupt "
         f"ones), then the live chunk of an active run; at most {PAGE_BYTES} bytes per answer. Loop with "
-        "`offset = next_offset` until `complete`.",
+        "`offset = next_offset` until `final` (`complete` when the log is known whole).",
     )
     def get(self, request: Request, pk: uuid.UUID) -> Response:
         run = scoped(request, Run.objects.all(), pk, org_path="organization")
@@ -186,5 +192,7 @@ class RunLogView(UserView):
             raise InvalidRequest("offset must not be negative")
         page = read_log(run, offset=offset)
         return Response(
-            LogPageSerializer({"text": page.text, "next_offset": page.next_offset, "complete": page.complete}).data
+            LogPageSerializer(
+                {"text": page.text, "next_offset": page.next_offset, "complete": page.complete, "final": page.final}
+            ).data
         )

@@ -6,10 +6,18 @@ import json
 
 from django.test import Client
 
-from gantry.core import services
+from gantry.core import secrets, services
 from gantry.core.models import Organization, Stack
 from tests.admin.helpers import url
 from tests.conftest import SPEC
+
+
+def plain(stack: Stack) -> dict[str, str]:
+    """The stack's secrets as a run would get them; the stored values are ciphertext."""
+    stack.refresh_from_db()
+    clear = secrets.unseal(stack.secrets)
+    assert all(stack.secrets[name] != value for name, value in clear.items())
+    return clear
 
 
 def _with_secret(stack: Stack) -> Stack:
@@ -39,8 +47,7 @@ def test_it_sets_and_removes_secrets(owner_admin: Client, stack: Stack) -> None:
         },
     )
     assert r.status_code == 302
-    stack.refresh_from_db()
-    assert stack.secrets == {"DB_PASSWORD": "hunter2-secret", "API_KEY": "k"}
+    assert plain(stack) == {"DB_PASSWORD": "hunter2-secret", "API_KEY": "k"}
 
 
 def test_it_keeps_secrets_when_the_field_is_left_empty(owner_admin: Client, stack: Stack) -> None:
@@ -50,8 +57,8 @@ def test_it_keeps_secrets_when_the_field_is_left_empty(owner_admin: Client, stac
         {"name": "web2", "labels": json.dumps(stack.labels), "spec": json.dumps(stack.spec), "secrets_update": ""},
     )
     assert r.status_code == 302
-    stack.refresh_from_db()
-    assert (stack.name, stack.secrets) == ("web2", {"DB_PASSWORD": "hunter2-secret"})
+    assert plain(stack) == {"DB_PASSWORD": "hunter2-secret"}
+    assert stack.name == "web2"
 
 
 def test_it_creates_a_stack(owner_admin: Client, acme: Organization) -> None:
@@ -67,7 +74,7 @@ def test_it_creates_a_stack(owner_admin: Client, acme: Organization) -> None:
     )
     assert r.status_code == 302
     stack = Stack.objects.get(organization=acme, name="api")
-    assert (stack.runner_selector, stack.secrets, stack.spec["steps"]) == (
+    assert (stack.runner_selector, plain(stack), stack.spec["steps"]) == (
         {"os": "linux"},
         {"TOKEN": "t"},
         SPEC["steps"],
@@ -103,3 +110,21 @@ def test_it_refuses_malformed_secret_updates(owner_admin: Client, stack: Stack) 
     )
     assert r.status_code == 200
     assert "secrets_update" in r.context["adminform"].form.errors
+
+
+def test_it_refuses_a_secret_name_a_shell_cannot_use(owner_admin: Client, stack: Stack) -> None:
+    for name in ("1BAD NAME", "PATH", "GANTRY_RUN_ID"):
+        r = owner_admin.post(
+            url("stack", "change", stack.pk),
+            {"name": "web", "labels": "{}", "spec": json.dumps(stack.spec), "secrets_update": json.dumps({name: "v"})},
+        )
+        assert r.status_code == 200, name
+        assert "secrets_update" in r.context["adminform"].form.errors
+    assert plain(stack) == {}
+
+
+def test_it_refuses_a_nul_in_the_spec_with_a_form_error(owner_admin: Client, stack: Stack) -> None:
+    spec = {"steps": [{"name": "x", "run": "echo \u0000"}]}
+    r = owner_admin.post(url("stack", "change", stack.pk), {"name": "web", "labels": "{}", "spec": json.dumps(spec)})
+    assert r.status_code == 200
+    assert "NUL" in str(r.context["adminform"].form.errors["spec"])

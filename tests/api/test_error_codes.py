@@ -36,7 +36,7 @@ def test_each_code_belongs_to_one_class_with_a_docstring_and_an_http_error_statu
     assert len(codes) == len(set(codes))
     for cls in errors.registry():
         assert cls.__doc__, cls
-        assert 400 <= cls.http_status < 500, cls
+        assert 400 <= cls.http_status < 500 or cls.http_status == 503, cls
 
 
 def test_two_classes_declaring_one_code_are_refused() -> None:
@@ -89,3 +89,13 @@ def _all_subclasses(cls: type) -> list[type]:
         out.append(sub)
         out.extend(_all_subclasses(sub))
     return out
+
+
+def test_a_database_that_is_not_answering_is_a_503_with_retry_after_not_a_500() -> None:
+    from django import db
+
+    response = api_errors.exception_handler(db.OperationalError("connection refused"), {})
+    assert response is not None
+    assert response.status_code == 503
+    assert response.data["code"] == "service_unavailable"
+    assert response["Retry-After"] == "1"

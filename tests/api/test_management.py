@@ -192,6 +192,14 @@ def test_it_creates_a_stack_and_never_shows_secret_values(owner_api: APIClient) 
         {"name": "s", "spec": {"steps": [{"name": "a", "run": "x"}], "timeout_seconds": 0}},
         {"name": "s", "spec": {"steps": [{"name": "a", "run": "x"}], "env": {"A": 1}}},
         {"name": "s", "secrets": {"A": 1}},
+        # issue 10: an empty spec is no spec; names a shell cannot use or must not set; what exec cannot take
+        {"name": "s", "spec": {}},
+        {"name": "s", "spec": {"steps": [{"name": "a", "run": "x"}], "env": {"1BAD NAME": "x"}}},
+        {"name": "s", "spec": {"steps": [{"name": "a", "run": "x"}], "env": {"PATH": "/evil"}}},
+        {"name": "s", "spec": {"steps": [{"name": "a", "run": "x"}], "env": {"GANTRY_RUN_ID": "spoof"}}},
+        {"name": "s", "spec": {"steps": [{"name": "a", "run": "echo " + "x" * 130_000}]}},
+        {"name": "s", "spec": {"steps": [{"name": "a", "run": "x"}], "env": {"BIG": "x" * 130_000}}},
+        {"name": "s", "spec": {"steps": [{"name": f"s{i}", "run": "x" * 60_000} for i in range(20)]}},
     ],
 )
 def test_it_rejects_bad_stack_input(owner_api: APIClient, body: dict[str, Any]) -> None:
@@ -201,9 +209,9 @@ def test_it_rejects_bad_stack_input(owner_api: APIClient, body: dict[str, Any]) 
     assert Stack.objects.count() == 0
 
 
-def test_it_queues_deployments_on_the_stack_lane(teammate_api: APIClient, stack: Stack) -> None:
+def test_it_queues_deployments_on_the_stack_lane(teammate_api: APIClient, owner_api: APIClient, stack: Stack) -> None:
     first = teammate_api.post(f"/api/v1/stacks/{stack.id}/deployments", {}, format="json").json()
-    second = teammate_api.post(
+    second = owner_api.post(
         f"/api/v1/stacks/{stack.id}/deployments",
         {"spec": {"steps": [{"name": "other", "run": "true"}]}},
         format="json",
@@ -216,10 +224,21 @@ def test_it_queues_deployments_on_the_stack_lane(teammate_api: APIClient, stack:
     assert [d["id"] for d in listed] == [second["id"], first["id"]]
 
 
-def test_it_rejects_a_bad_deployment_spec(teammate_api: APIClient, stack: Stack) -> None:
-    response = teammate_api.post(f"/api/v1/stacks/{stack.id}/deployments", {"spec": {"steps": 3}}, format="json")
+def test_it_rejects_a_bad_deployment_spec(owner_api: APIClient, stack: Stack) -> None:
+    response = owner_api.post(f"/api/v1/stacks/{stack.id}/deployments", {"spec": {"steps": 3}}, format="json")
     assert response.status_code == 400
     assert Deployment.objects.count() == 0
+
+
+def test_a_member_cannot_queue_a_spec_of_their_own(teammate_api: APIClient, stack: Stack) -> None:
+    """The stack's secrets reach the steps: a member's own spec could print them (issue 10)."""
+    body = {"spec": {"steps": [{"name": "x", "run": "echo $DEPLOY_KEY"}]}}
+    response = teammate_api.post(f"/api/v1/stacks/{stack.id}/deployments", body, format="json")
+    assert response.status_code == 403
+    assert response.json()["code"] == "spec_override_forbidden"
+    assert Deployment.objects.count() == 0
+    # The stack's own spec is theirs to queue.
+    assert teammate_api.post(f"/api/v1/stacks/{stack.id}/deployments", {}, format="json").status_code == 201
 
 
 def test_it_needs_a_spec_when_the_stack_has_none(owner_api: APIClient) -> None:

@@ -315,15 +315,16 @@ class Lab:
             text.append(page["text"])
             offset = page["next_offset"]
             pages += 1
-            if page["complete"]:
+            if page["final"]:  # nothing more will come (complete, or final with a marker of what was lost)
                 return "".join(text), pages
+            assert pages < 100_000, "the log never ended"
 
     def log_so_far(self, run_id: str) -> str:
         text, offset = [], 0
         while True:
             page = self.api.run_logs(run_id, offset=offset)
             text.append(page["text"])
-            if page["complete"] or page["next_offset"] == offset:
+            if page["final"] or page["next_offset"] == offset:
                 return "".join(text)
             offset = page["next_offset"]
 

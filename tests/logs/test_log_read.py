@@ -56,7 +56,7 @@ def test_it_reads_sealed_chunks_then_the_live_chunk(executing: Executing, teamma
     executing.seal(["one\ntw", "o\nthree\n"])
     executing.push(2, 2, "four (so far")
     page = read(teammate_api, executing.run)
-    assert page == {"text": "one\ntwo\nthree\nfour (so far", "next_offset": 26, "complete": False}
+    assert page == {"text": "one\ntwo\nthree\nfour (so far", "next_offset": 26, "complete": False, "final": False}
 
 
 def test_it_follows_a_running_log_and_completes_after_done(executing: Executing, teammate_api: APIClient) -> None:
@@ -86,7 +86,12 @@ def test_it_follows_a_running_log_and_completes_after_done(executing: Executing,
     seen += text
     assert (text, complete) == ("done\n", True)
     assert seen == "step 1 starts\nworking...\nstep 2\ndone\n"
-    assert read(teammate_api, executing.run, offset) == {"text": "", "next_offset": offset, "complete": True}
+    assert read(teammate_api, executing.run, offset) == {
+        "text": "",
+        "next_offset": offset,
+        "complete": True,
+        "final": True,
+    }
 
 
 def test_it_hides_a_live_chunk_that_is_not_the_next_one(executing: Executing, teammate_api: APIClient) -> None:
@@ -98,7 +103,12 @@ def test_it_hides_a_live_chunk_that_is_not_the_next_one(executing: Executing, te
 
 def test_it_probes_storage_when_there_is_no_live_record(executing: Executing, teammate_api: APIClient) -> None:
     executing.seal(["a\n", "b\n", "c\n"])
-    assert read(teammate_api, executing.run) == {"text": "a\nb\nc\n", "next_offset": 6, "complete": False}
+    assert read(teammate_api, executing.run) == {
+        "text": "a\nb\nc\n",
+        "next_offset": 6,
+        "complete": False,
+        "final": False,
+    }
 
 
 def test_it_reads_a_run_finished_without_a_manifest(executing: Executing, teammate_api: APIClient) -> None:
@@ -107,25 +117,30 @@ def test_it_reads_a_run_finished_without_a_manifest(executing: Executing, teamma
         f"/api/v1/runs/{executing.run.id}/done", {"outcome": "succeeded", "exit_code": 0}, format="json"
     )
     assert answer.status_code == 204
-    assert read(teammate_api, executing.run) == {"text": "a\nb\n", "next_offset": 4, "complete": True}
+    assert read(teammate_api, executing.run) == {"text": "a\nb\n", "next_offset": 4, "complete": True, "final": True}
 
 
 def test_a_run_that_never_started_has_an_empty_log(executing: Executing, teammate_api: APIClient) -> None:
     executing.advance("finish_succeeded")
-    assert read(teammate_api, executing.run) == {"text": "", "next_offset": 0, "complete": True}
+    assert read(teammate_api, executing.run) == {"text": "", "next_offset": 0, "complete": True, "final": True}
 
 
 def test_it_probes_s3_while_the_run_executes(executing: Executing, teammate_api: APIClient, s3: Any) -> None:
     executing.seal(["a\n", "b\n"])
-    assert read(teammate_api, executing.run) == {"text": "a\nb\n", "next_offset": 4, "complete": False}
+    assert read(teammate_api, executing.run) == {"text": "a\nb\n", "next_offset": 4, "complete": False, "final": False}
     executing.seal_one(2, "c\n")
-    assert read(teammate_api, executing.run, 4) == {"text": "c\n", "next_offset": 6, "complete": False}
+    assert read(teammate_api, executing.run, 4) == {"text": "c\n", "next_offset": 6, "complete": False, "final": False}
 
 
 def test_it_reads_the_log_from_s3(executing: Executing, teammate_api: APIClient, s3: Any) -> None:
     hashes = executing.seal(["from\n", "S3\n"])
     assert executing.done(hashes).status_code == 204
-    assert read(teammate_api, executing.run) == {"text": "from\nS3\n", "next_offset": 8, "complete": True}
+    assert read(teammate_api, executing.run) == {
+        "text": "from\nS3\n",
+        "next_offset": 8,
+        "complete": True,
+        "final": True,
+    }
 
 
 # ---------------------------------------------------------------- gaps and truncation
@@ -141,7 +156,8 @@ def test_it_marks_a_missing_chunk(executing: Executing, teammate_api: APIClient)
     assert page["text"] == (
         "zero\n[gantry: log chunk 1 missing]\n[gantry: log chunk 2 missing]\n[gantry: log chunk 3 missing]\n"
     )
-    assert page["complete"] is True
+    # Every chunk is accounted for, but three are gone: final, not whole.
+    assert (page["complete"], page["final"]) == (False, True)
 
 
 def test_it_marks_a_corrupt_chunk_on_its_own_line(executing: Executing, teammate_api: APIClient) -> None:
@@ -216,7 +232,7 @@ def test_it_holds_back_an_unfinished_character_at_the_live_tail(executing: Execu
     raw = "price: 5€".encode()
     executing.push(0, 0, raw[:-1])  # the runner captured 2 of the € sign's 3 bytes so far
     page = read(teammate_api, executing.run)
-    assert page == {"text": "price: 5", "next_offset": len(raw) - 3, "complete": False}
+    assert page == {"text": "price: 5", "next_offset": len(raw) - 3, "complete": False, "final": False}
     executing.push(0, 0, raw)
     assert read(teammate_api, executing.run, page["next_offset"])["text"] == "€"
 
@@ -224,7 +240,7 @@ def test_it_holds_back_an_unfinished_character_at_the_live_tail(executing: Execu
 def test_it_replaces_invalid_bytes_at_the_end_of_a_finished_log(executing: Executing, teammate_api: APIClient) -> None:
     hashes = executing.seal([b"ok \xe2\x82"])
     assert executing.done(hashes).status_code == 204
-    assert read(teammate_api, executing.run) == {"text": "ok \ufffd", "next_offset": 5, "complete": True}
+    assert read(teammate_api, executing.run) == {"text": "ok \ufffd", "next_offset": 5, "complete": True, "final": True}
 
 
 @pytest.mark.parametrize(
@@ -252,6 +268,7 @@ def test_it_maps_an_offset_without_downloading_the_chunks_before_it(
         "text": "b" * 49 + "\n" + "c" * 99 + "\n",
         "next_offset": 300,
         "complete": True,
+        "final": True,
     }
 
 
@@ -270,7 +287,12 @@ def test_it_reads_correctly_without_redis(executing: Executing, teammate_api: AP
     hashes = executing.seal(["a\n", "b\n"])
     assert executing.done(hashes).status_code == 204
     with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
-        assert read(teammate_api, executing.run, 2) == {"text": "b\n", "next_offset": 4, "complete": True}
+        assert read(teammate_api, executing.run, 2) == {
+            "text": "b\n",
+            "next_offset": 4,
+            "complete": True,
+            "final": True,
+        }
 
 
 # ---------------------------------------------------------------- who may read

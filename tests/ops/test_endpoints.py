@@ -29,12 +29,22 @@ def test_it_is_ready_when_database_and_redis_answer(client: Client) -> None:
 
 
 @pytest.mark.django_db
-def test_it_is_not_ready_and_names_redis_when_redis_is_down(client: Client) -> None:
+def test_it_is_not_ready_and_names_redis_without_its_error_text_to_anonymous_callers(client: Client) -> None:
+    port = _closed_port()
+    with override_settings(REDIS_URL=f"redis://127.0.0.1:{port}/0"):
+        r = client.get("/readyz")
+    assert r.status_code == 503, r.content
+    assert r.json() == {"status": "unavailable", "checks": {"database": "ok", "redis": "error"}}
+    assert str(port) not in r.content.decode()
+
+
+@pytest.mark.django_db
+def test_staff_see_the_failing_dependencys_error_text(client: Client, owner: object) -> None:
+    client.login(username="owner", password="pw-owner")  # the owner persona is staff
     with override_settings(REDIS_URL=f"redis://127.0.0.1:{_closed_port()}/0"):
         r = client.get("/readyz")
     assert r.status_code == 503, r.content
     body = r.json()
-    assert body["status"] == "unavailable"
     assert body["checks"]["database"] == "ok"
     assert body["checks"]["redis"].startswith("error: ")
     assert "Connection" in body["checks"]["redis"]

@@ -47,6 +47,8 @@ def test_it_starts_with_the_defaults(tmp_path: Path) -> None:
         ({"GANTRY_RATE_LIMIT_ENABLED": "maybe"}, "GANTRY_RATE_LIMIT_ENABLED"),
         ({"GANTRY_JWT_KEYS": "k1:too-short"}, "GANTRY_JWT_KEYS"),
         ({"DATABASE_URL": "mysql://root@127.0.0.1/gantry"}, "DATABASE_URL"),
+        ({"GANTRY_REDIS_DB": "16"}, "GANTRY_REDIS_DB"),
+        ({"GANTRY_SECRETS_KEYS": "not-a-fernet-key"}, "GANTRY_SECRETS_KEYS"),
     ],
 )
 def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[str, str], named: str) -> None:
@@ -54,3 +56,25 @@ def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert named in result.stderr
+
+
+def test_the_suite_runs_on_a_redis_database_of_its_own(tmp_path: Path) -> None:
+    """`dev.py test` beside `dev.py run` must not delete the dev server's throttle buckets (issue 10)."""
+    sys.path.insert(0, str(ROOT))
+    import dev
+
+    assert dev.test_redis_db("redis://127.0.0.1:6379/0") == "8"
+    assert dev.test_redis_db("redis://127.0.0.1:6379/3") == "11"
+    assert dev.test_redis_db(None) == "8"  # the embedded Redis serves the dev server on 0
+    show = "from django.conf import settings; print(settings.REDIS_URL)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_")}
+    env.update(UNUSED_SERVICES, GANTRY_DATA_DIR=str(tmp_path), GANTRY_REDIS_DB="8")
+    out = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", show], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "redis://127.0.0.1:9/8"
+    # This very suite: a database other than the configured one.
+    from django.conf import settings
+
+    if os.environ.get("GANTRY_REDIS_DB"):
+        assert settings.REDIS_URL.endswith("/" + os.environ["GANTRY_REDIS_DB"])

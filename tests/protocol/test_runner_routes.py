@@ -318,6 +318,49 @@ def test_it_finishes_promotes_and_revokes(coordinator: Coordinator, stack: Stack
     assert runner.deregister().status_code == 204
 
 
+def test_a_done_replayed_with_another_exit_code_or_manifest_is_a_conflict(
+    coordinator: Coordinator, stack: Stack
+) -> None:
+    """A replay must never quietly drop what differs (issue 10)."""
+    runner = _claimed(coordinator, stack)
+    runner.accept()
+    assert runner.done("failure", exit_code=3, manifest={"count": 0, "sha256": []}).status_code == 204
+    assert _code(runner.done("failure", exit_code=4)) == (409, "run_terminal")
+    other = {"count": 1, "sha256": ["0" * 64]}
+    assert _code(runner.done("failure", exit_code=3, sealed_chunks=1, manifest=other)) == (409, "run_terminal")
+    run = _run(runner)
+    assert (run.exit_code, run.log_manifest) == (3, {"count": 0, "sha256": []})
+    assert runner.done("failure", exit_code=3, manifest={"count": 0, "sha256": []}).status_code == 204
+
+
+@pytest.mark.parametrize("body", [[], [1, 2], "text", 5])
+def test_runner_routes_refuse_a_body_that_is_not_an_object(coordinator: Coordinator, stack: Stack, body: Any) -> None:
+    runner = _claimed(coordinator, stack)
+    ready = runner.api.post(f"/api/v1/runners/{runner.runner_id}/ready", body, format="json")
+    assert _code(ready) == (400, "invalid_request")
+    assert Runner.objects.get(id=runner.runner_id).status == "not_ready"
+    runner.accept()
+    done = runner.api.post(f"/api/v1/runs/{runner.run_id}/done", body, format="json")
+    assert _code(done) == (400, "invalid_request")
+    assert _run(runner).status == "running"
+
+
+@pytest.mark.parametrize("big", [2**40, 2**70, -(2**40)])
+def test_runner_routes_refuse_integers_beyond_their_columns(coordinator: Coordinator, stack: Stack, big: int) -> None:
+    runner = _claimed(coordinator, stack)
+    # pid is an integer column; workflow_run_id a bigint (2**40 fits there).
+    too_big = {"pid": True, "workflow_run_id": not 0 <= big < 2**63}
+    for field, refused in too_big.items():
+        response = runner.api.post(f"/api/v1/runners/{runner.runner_id}/ready", {field: big}, format="json")
+        assert response.status_code == (400 if refused else 204), (field, response.content)
+    runner.accept()
+    for extra in ({"exit_code": big}, {"sealed_chunks": abs(big)}):
+        body = {"outcome": "failure", "exit_code": 1, **extra}
+        response = runner.api.post(f"/api/v1/runs/{runner.run_id}/done", body, format="json")
+        assert _code(response) == (400, "invalid_request"), extra
+    assert _run(runner).status == "running"
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -400,6 +443,29 @@ def test_it_refuses_dispatch_failed_for_a_started_run_or_another_group(
     assert Runner.objects.filter(id=runner.runner_id).exists()
     bad = coordinator.api.post("/api/v1/runner-groups/dispatch-failed", {"run_id": "nope"}, format="json")
     assert _code(bad) == (400, "invalid_request")
+
+
+def test_dispatch_failed_for_a_run_the_group_does_not_hold_is_404_whatever_its_state(
+    coordinator: Coordinator, stack: Stack, globex_stack: Stack, globex: Organization
+) -> None:
+    """A group token must not learn the status of runs it does not hold (issue 10)."""
+    mine = _claimed(coordinator, stack)
+    theirs_group, _token = services.runner_group_create(org=globex, name="theirs")
+    theirs = Coordinator(theirs_group)
+    foreign = _claimed(theirs, globex_stack)
+    foreign.accept()  # running: today's answer named it
+    for run_id in (foreign.run_id, str(uuid.uuid4())):
+        body = {"run_id": run_id, "runner_id": mine.runner_id, "error": "x"}
+        response = coordinator.api.post("/api/v1/runner-groups/dispatch-failed", body, format="json")
+        assert _code(response) == (404, "not_found")
+        assert "running" not in response.content.decode()
+    body = {"run_id": foreign.run_id, "runner_id": foreign.runner_id, "error": "x"}
+    assert _code(coordinator.api.post("/api/v1/runner-groups/dispatch-failed", body, format="json")) == (
+        404,
+        "not_found",
+    )
+    assert _run(foreign).status == "running"
+    assert _run(mine).status == "assigned"
 
 
 # ---------------------------------------------------------------- the run binding

@@ -19,7 +19,7 @@ import pytest
 
 from gantry import conf
 from gantry.core import services
-from gantry.core.models import Run, RunEvent, Runner, RunStatus
+from gantry.core.models import Deployment, Run, RunEvent, Runner, RunStatus
 from runners.client import GantryClient
 from tests.runners.conftest import RunnerProcess, Site, start_runner, wait_until
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def read_log(site: Site, run_id: Any) -> dict[str, Any]:
-    """The whole log through GET /runs/{id}/logs, following next_offset until complete."""
+    """The whole log through GET /runs/{id}/logs, following next_offset until it is final."""
     client = GantryClient(site.url, site.user_token, scheme="Token")
     text, offset, pages = "", 0, 0
     while True:
@@ -35,8 +35,8 @@ def read_log(site: Site, run_id: Any) -> dict[str, Any]:
         text += page["text"]
         offset = page["next_offset"]
         pages += 1
-        if page["complete"]:
-            return {"text": text, "pages": pages}
+        if page["final"]:
+            return {"text": text, "pages": pages, "complete": page["complete"]}
         assert pages < 10_000
 
 
@@ -101,7 +101,8 @@ def test_it_runs_the_steps_and_reports_success(site: Site, runners: list[RunnerP
     assert lines[3].startswith("==> [1/3] greet: exit code 0")
     # The run's id, the stack's secret and the run API token reach the step; the runner token never does.
     [env_line] = [line for line in lines if line.startswith("run=")]
-    assert re.fullmatch(rf"run={run.id} key=s3cret token=[1-9][0-9]* runner=absent", env_line), env_line
+    # The secret is masked in the log (runners/masking.py): the step saw it, the log shows ***.
+    assert re.fullmatch(rf"run={run.id} key=\*\*\* token=[1-9][0-9]* runner=absent", env_line), env_line
     work = site.tmp / "work" / str(run.id)
     assert str(work) in lines
     assert "made-here" in lines
@@ -111,6 +112,39 @@ def test_it_runs_the_steps_and_reports_success(site: Site, runners: list[RunnerP
     for name in ("runner.ready", "run.accepted", "step.started", "step.finished", "log.shipped", "run.done"):
         assert name in names, names
     assert (site.tmp / f"{run.id}.exit").read_text().strip() == "0"
+
+
+def test_a_printed_secret_is_masked_in_the_live_log_and_in_the_sealed_log(
+    site: Site, runners: list[RunnerProcess]
+) -> None:
+    """An admin's deliberate `echo $SECRET`: the step sees the value, no log shows it (issue 10)."""
+    services.stack_set_secrets(stack=site.stack, changes={"DEPLOY_KEY": "dk-4f9a-very-secret", "API_KEY": None})
+    gate = site.tmp / "gate"
+    spec = {
+        "steps": [
+            {
+                "name": "leak",
+                # The value whole, split over two lines by the shell, and base64'd; then wait to be read live.
+                "run": f'echo "key=$DEPLOY_KEY"; printf "%s" "$DEPLOY_KEY" | base64; echo; '
+                f"while [ ! -e {gate} ]; do sleep 0.1; done",
+            }
+        ]
+    }
+    run, runner = launch(site, runners, spec)
+    client = GantryClient(site.url, site.user_token, scheme="Token")
+
+    def live_text() -> str:
+        return str(client.run_logs(str(run.id))["text"])
+
+    wait_until(lambda: "key=" in live_text(), 30, "the live log to show the step's output")
+    live = live_text()
+    gate.write_text("")
+    assert runner.wait(60) == 0
+    sealed = read_log(site, run.id)["text"]
+    for text in (live, sealed):
+        assert "dk-4f9a-very-secret" not in text
+        assert "ZGstNGY5YS12ZXJ5LXNlY3JldA" not in text  # its base64
+        assert "key=***" in text.splitlines()
 
 
 def test_the_token_can_come_from_a_file_that_the_runner_removes(site: Site, runners: list[RunnerProcess]) -> None:
@@ -126,6 +160,30 @@ def test_the_token_can_come_from_a_file_that_the_runner_removes(site: Site, runn
     assert run.status == RunStatus.SUCCEEDED
     assert not token_file.exists()
     assert "token-file-gone" in read_log(site, run.id)["text"].splitlines()
+
+
+def test_a_step_exec_cannot_start_fails_the_run_with_the_reason(site: Site, runners: list[RunnerProcess]) -> None:
+    """A step over the kernel's argument limit (E2BIG): reported through done, never a crashed runner (issue 10).
+
+    The API refuses such a step now (specs.MAX_RUN_BYTES); a spec stored before
+    the cap still reaches a runner, so it is written straight into the row here.
+    """
+    run = site.deploy({"steps": [{"name": "huge", "run": "true"}]})
+    Deployment.objects.filter(id=run.deployment_id).update(
+        spec={"steps": [{"name": "huge", "run": "echo " + "x" * 200_000}], "env": {}, "timeout_seconds": 60}
+    )
+    got = site.claim()
+    runner = start_runner(site, got)
+    runners.append(runner)
+
+    assert runner.wait(60) == 1
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILURE
+    assert run.exit_code == 126
+    assert "could not be started" in run.failure_reason
+    assert "Argument list too long" in run.failure_reason
+    assert "runner.crashed" not in runner.event_names()
+    assert "could not be started" in read_log(site, run.id)["text"]
 
 
 def test_a_failing_step_fails_the_run_with_its_exit_code(site: Site, runners: list[RunnerProcess]) -> None:

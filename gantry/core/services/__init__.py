@@ -48,6 +48,7 @@ from gantry.core.services.tenancy import (
     runner_group_set_drained,
     runner_group_update,
     stack_create,
+    stack_set_secrets,
     stack_update,
 )
 from gantry.core.services.transitions import NOTIFY_CHANNEL, notify_claimable, selector_id_for, stack_promote_next
@@ -89,5 +90,6 @@ __all__ = [
     "selector_id_for",
     "stack_create",
     "stack_promote_next",
+    "stack_set_secrets",
     "stack_update",
 ]

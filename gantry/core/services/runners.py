@@ -122,8 +122,13 @@ def dispatch_failed(
     the error recorded on the group for operators.
     """
     now = resolve_now(now)
-    if not Runner.objects.filter(id=runner_id, runner_group=group).exists():
-        raise NotFound("runner not found in this group")
+    # Only about a run this group holds: its own runner, bound to that run.
+    # Anything else is 404 whatever the run's state, so a group token learns
+    # nothing of runs it does not hold (not even that they exist).
+    if not Run.objects.filter(
+        id=run_id, assigned_runner_id=runner_id, assigned_runner__runner_group_id=group.id
+    ).exists():
+        raise NotFound("no run of this id is held by that runner of this group")
     with transaction.atomic():
         run = run_fail(
             run_id=run_id,

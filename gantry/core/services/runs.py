@@ -18,6 +18,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from gantry import conf
+from gantry.core import secrets as stack_secrets
 from gantry.core import tokens
 from gantry.core.errors import (
     AcceptResponseUndeliverable,
@@ -134,7 +135,7 @@ def run_context(*, run: Run, api_token: str) -> dict[str, Any]:
         "deployment_id": run.deployment_id,
         "stack_id": run.stack_id,
         "spec": run.deployment.spec,
-        "secrets": run.stack.secrets,
+        "secrets": stack_secrets.unseal(run.stack.secrets),
         "scm": None,
         "logs": {
             "chunk_size_bytes": CHUNK_SIZE,
@@ -250,12 +251,25 @@ def run_finish(
             guard="the runner that holds it",
             **fields,
         )
-    except RunTerminal:
+    except RunTerminal as exc:
         # A replay of /done whose first answer was lost: same runner, same
-        # outcome, already recorded. Anything else stays a conflict.
+        # outcome, same exit code and log manifest, already recorded. Anything
+        # else stays a conflict: a replay must never quietly drop what differs.
         run = Run.objects.get(id=run_id)
-        if runner_id is not None and run.status == outcome and run.assigned_runner_id == runner_id:
+        same = (
+            runner_id is not None
+            and run.status == outcome
+            and run.assigned_runner_id == runner_id
+            and run.exit_code == exit_code
+            and ("log_manifest" not in fields or run.log_manifest == fields["log_manifest"])
+        )
+        if same:
             return run
+        if runner_id is not None and run.assigned_runner_id == runner_id and run.status == outcome:
+            raise RunTerminal(
+                f"run is {run.status} already, with another exit code or log manifest than this report",
+                status=run.status,
+            ) from exc
         raise
 
 

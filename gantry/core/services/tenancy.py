@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import F
 from rest_framework.authtoken.models import Token
 
+from gantry.core import secrets as stack_secrets
 from gantry.core import specs, tokens
 from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken
 from gantry.core.models import (
@@ -148,8 +149,8 @@ def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any 
         organization=org,
         name=name,
         labels=specs.validate_stack_labels(labels or {}),
-        spec=specs.validate_spec(spec) if spec else None,
-        secrets=_validate_secrets(secrets or {}),
+        spec=specs.validate_spec(spec) if spec is not None else None,
+        secrets=stack_secrets.seal(specs.validate_secrets(secrets or {})),
     )
 
 
@@ -158,9 +159,9 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
     if "labels" in fields:
         fields["labels"] = specs.validate_stack_labels(fields["labels"])
     if "spec" in fields:
-        fields["spec"] = specs.validate_spec(fields["spec"]) if fields["spec"] else None
+        fields["spec"] = specs.validate_spec(fields["spec"]) if fields["spec"] is not None else None
     if "secrets" in fields:
-        fields["secrets"] = _validate_secrets(fields["secrets"])
+        fields["secrets"] = stack_secrets.seal(specs.validate_secrets(fields["secrets"]))
     if (
         "name" in fields
         and Stack.objects.filter(organization_id=stack.organization_id, name=fields["name"])
@@ -175,7 +176,13 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
     return stack
 
 
-def _validate_secrets(secrets: Any) -> dict[str, str]:
-    if not isinstance(secrets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in secrets.items()):
-        raise InvalidRequest("secrets must map strings to strings")
-    return dict(secrets)
+def stack_set_secrets(*, stack: Stack, changes: dict[str, str | None]) -> Stack:
+    """Set some of a stack's secrets (name → value) and remove others (name → None); the rest stay as they are.
+
+    The admin's form takes changes only, since stored values are never shown.
+    """
+    kept = {name: token for name, token in stack.secrets.items() if name not in changes}
+    new = specs.validate_secrets({name: value for name, value in changes.items() if value is not None})
+    stack.secrets = {**kept, **stack_secrets.seal(new)}
+    stack.save(update_fields=["secrets"])
+    return stack
