@@ -310,6 +310,17 @@ class GantryClient:
             assigned_expires_at=str(data["assigned_expires_at"]),
         )
 
+    def reconcile(self, workers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Report the group's workers (docs/protocol.md, "Reconcile"); answers (stop orders, exits to report again).
+
+        Not retried here: the coordinator reports again on its next turn, and
+        a report is idempotent.
+        """
+        data = self.request("POST", "/api/v1/runner-groups/reconcile", body={"workers": workers}, retry=NO_RETRY).json()
+        if not isinstance(data, dict):
+            raise ApiError(200, "bad_answer", "reconcile answered something other than a JSON object", data)
+        return list(data.get("stop") or []), list(data.get("retry") or [])
+
     def dispatch_failed(self, *, run_id: str, runner_id: str, error: str) -> None:
         self.request(
             "POST",
