@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -150,7 +151,23 @@ class LocalLauncher(Launcher):
         )
         self._children[assignment.run_id] = proc
         self._write_record(handle)
+        self._watch(proc.pid)
         return handle
+
+    def _watch(self, pid: int) -> None:
+        """Tell the coordinator the moment this child exits, so it is reaped (and reported) at once.
+
+        The wait looks without reaping (WNOWAIT): the zombie keeps its pid, and
+        so its session's id, reserved until :meth:`reap` has swept the session.
+        """
+
+        def wait() -> None:
+            # ChildProcessError: reaped already (the coordinator's periodic look got there first).
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            self.notify_exit()
+
+        threading.Thread(target=wait, name=f"watch-{pid}", daemon=True).start()
 
     def _write_record(self, handle: WorkerHandle) -> None:
         record = {
