@@ -60,6 +60,15 @@ class WorkerHandle:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UnseenExit:
+    """A worker that ended while no coordinator watched, found (and reaped) by :meth:`Launcher.discover`."""
+
+    handle: WorkerHandle
+    exit_code: int | None
+    last_lines: list[str]
+
+
 class Launcher(ABC):
     kind: ClassVar[str] = ""
     # Set by the coordinator before the first call: the group it serves. A
@@ -89,6 +98,11 @@ class Launcher(ABC):
     @abstractmethod
     def discover(self) -> list[WorkerHandle]:
         """The workers this launcher started (in this or an earlier process) that are still running."""
+
+    def take_unseen_exits(self) -> list[UnseenExit]:
+        """The workers :meth:`discover` found ended (and reaped), once: the coordinator reports them to Gantry,
+        whose runs would otherwise wait for the inactive-runner reaper. Empty where a launcher cannot tell."""
+        return []
 
     @abstractmethod
     def is_alive(self, handle: WorkerHandle) -> bool:

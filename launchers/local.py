@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers import register
-from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
+from launchers.base import Assignment, Launcher, LaunchError, UnseenExit, WorkerHandle
 from runners import procfs
 from runners.logsetup import event
 from runners.protocol import RUNNER_INHERITED_ENV
@@ -72,6 +72,8 @@ class LocalLauncher(Launcher):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Workers this process started: their Popen objects give exact exit codes and reap zombies.
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        # Workers discover() found ended, until the coordinator takes them.
+        self._unseen: list[UnseenExit] = []
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
@@ -212,11 +214,17 @@ class LocalLauncher(Launcher):
             if self.is_alive(handle):
                 alive.append(handle)
             else:
+                lines = self.last_lines(handle)
                 code = self.reap(handle)
+                self._unseen.append(UnseenExit(handle, code, lines))
                 event(log, "worker.exited", "worker for run %s exited with code %s (while no coordinator watched)",
                       handle.run_id, "unknown" if code is None else code, run_id=handle.run_id,
                       pid=handle.meta["pid"], exit_code=code)  # fmt: skip
         return alive
+
+    def take_unseen_exits(self) -> list[UnseenExit]:
+        taken, self._unseen = self._unseen, []
+        return taken
 
     def is_alive(self, handle: WorkerHandle) -> bool:
         proc = self._children.get(handle.run_id)

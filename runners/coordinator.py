@@ -193,6 +193,9 @@ class Coordinator:
             self.fleet.add(handle)
             event(log, "worker.reattached", "re-attached to %s for run %s", describe(handle), handle.run_id,
                   run_id=handle.run_id, runner_id=handle.runner_id, worker=handle.ident)  # fmt: skip
+        # Those that ended while no coordinator watched: their runs are told now, not after the reaper's hour.
+        for unseen in self.launcher.take_unseen_exits():
+            self.reconciler.add_exit(unseen.handle, unseen.exit_code, unseen.last_lines, None)
 
     def launch(self, claim: Claim) -> None:
         self.claimed += 1

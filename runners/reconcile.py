@@ -191,19 +191,23 @@ class Reconciler:
             self._dispatch_failed(handle, failure)
             return
         # The lines first: reap may delete them (a container, a Pod).
-        lines = [line[:LINE_CHARS] for line in self.launcher.last_lines(handle, LAST_LINES)[-LAST_LINES:]]
+        lines = self.launcher.last_lines(handle, LAST_LINES)
         code = self.launcher.reap(handle)
         self.fleet.remove(handle.run_id)
         seconds = round(max(0.0, time.time() - handle.started_at), 3)
         event(log, "worker.exited", "worker for run %s exited with code %s after %.1fs", handle.run_id,
               "unknown" if code is None else code, seconds, run_id=handle.run_id, runner_id=handle.runner_id,
               worker=handle.ident, exit_code=code, seconds=seconds)  # fmt: skip
+        self.add_exit(handle, code, lines, seconds)
+
+    def add_exit(self, handle: WorkerHandle, code: int | None, lines: list[str], seconds: float | None) -> None:
+        """Keep an exit to report until Gantry has settled it (``seconds`` None: how long it ran is unknown)."""
         self.exits[handle.run_id] = {
             "run_id": handle.run_id,
             "runner_id": handle.runner_id,
             "state": "exited",
             "exit_code": code,
-            "last_lines": lines,
+            "last_lines": [line[:LINE_CHARS] for line in lines[-LAST_LINES:]],
             "seconds": seconds,
         }
         while len(self.exits) > MAX_KEPT_EXITS:

@@ -163,6 +163,10 @@ def test_a_new_launcher_on_the_same_state_folder_rediscovers_running_workers(
     # The finished one was reaped by discover: its record and exit file are gone.
     assert not (second.workers_dir / f"{finished.run_id}.json").exists()
     assert not (second.workers_dir / f"{finished.run_id}.exit").exists()
+    # ...and handed over once, with its exit code, for the coordinator to report.
+    [unseen] = second.take_unseen_exits()
+    assert (unseen.handle.run_id, unseen.handle.runner_id, unseen.exit_code) == (finished.run_id, "runner-2", 3)
+    assert second.take_unseen_exits() == []
 
     stop(shim, running.run_id, 5)
     wait_for(lambda: not second.is_alive(found[0]), what="worker 1 to exit")

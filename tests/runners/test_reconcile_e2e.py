@@ -71,6 +71,9 @@ class CoordinatorProcess:
     proc: subprocess.Popen[bytes]
     log: Path
     state_dir: Path
+    token: str = field(repr=False)
+    name: str
+    start_delay: float
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         found = []
@@ -93,11 +96,16 @@ class Coordinators:
     case: LauncherCase
     started: list[CoordinatorProcess] = field(default_factory=list)
 
-    def start(self, token: str, name: str = "a", *, start_delay: float = 0) -> CoordinatorProcess:
+    def restart(self, old: CoordinatorProcess) -> CoordinatorProcess:
+        """A new coordinator process on ``old``'s state folder (``old`` has exited)."""
+        assert old.proc.poll() is not None
+        return self.start(old.token, old.name, start_delay=old.start_delay, again=True)
+
+    def start(self, token: str, name: str = "a", *, start_delay: float = 0, again: bool = False) -> CoordinatorProcess:
         folder = self.site.tmp / f"coordinator-{name}"
-        folder.mkdir()
+        folder.mkdir(exist_ok=again)
         options = [arg for opt in self.case.options(folder, start_delay) for arg in ("--launcher-option", opt)]
-        log = folder / "coordinator.log"
+        log = folder / f"coordinator-{len(self.started)}.log"
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", "/tmp"),
@@ -107,10 +115,10 @@ class Coordinators:
         }
         argv = [sys.executable, "-m", "runners.coordinator", "--server", self.site.url, "--launcher", self.case.kind,
                 *options, "--state-dir", str(folder / "state"), "--max-parallel", "2", "--wait", "5",
-                "--reconcile-interval", f"{INTERVAL:g}"]  # fmt: skip
+                "--reconcile-interval", f"{interval:g}"]  # fmt: skip
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        started = CoordinatorProcess(proc, log, folder / "state")
+        started = CoordinatorProcess(proc, log, folder / "state", token, name, start_delay)
         self.started.append(started)
         wait_until(
             lambda: bool(started.events("coordinator.started")) or proc.poll() is not None, 30, "the coordinator"
@@ -161,7 +169,8 @@ def test_a_runner_killed_mid_run_fails_its_run_at_once_with_its_log_and_the_lane
     doomed = site.deploy({"steps": [{"name": "doomed", "run": step}]})
     following = site.deploy({"steps": [{"name": "next", "run": "echo the next run"}]})
     assert status(following) == RunStatus.QUEUED
-    coordinator = coordinators.start(site.group_token)
+    # The default interval: an exit is reported when it happens, not at the next turn.
+    coordinator = coordinators.start(site.group_token, interval=5)
     wait_until(lambda: status(doomed) in (RunStatus.RUNNING, RunStatus.FAILURE), 60, "the run to start")
     runner_id = Run.objects.get(id=doomed.id).assigned_runner_id
 
@@ -169,13 +178,14 @@ def test_a_runner_killed_mid_run_fails_its_run_at_once_with_its_log_and_the_lane
 
     run = Run.objects.get(id=doomed.id)
     latency = run.finished_at.timestamp() - float(killed_at.read_text())  # type: ignore[union-attr]
-    print(f"\n[reconcile] kill -> run failed: {latency:.2f} s (--reconcile-interval {INTERVAL:g})")
+    print(f"\n[reconcile] kill -> run failed: {latency:.3f} s (--reconcile-interval 5)")
     assert run.failure_reason.startswith("runner lost: the worker was killed by signal 9 after ")
     assert list(RunEvent.objects.filter(run_id=run.id, kind="runner_exited").values_list("kind", flat=True)) == [
         "runner_exited"
     ]
     assert runner_id is not None
-    assert not Runner.objects.filter(id=runner_id).exists()
+    # Deleted once the log is flushed (the same report, just after the run failed).
+    wait_until(lambda: not Runner.objects.filter(id=runner_id).exists(), 30, "the runner row to go")
     assert "before-the-kill" in log_text(site, run)  # the live log became the final chunk
     assert "never" not in log_text(site, run)
     exited = [e for e in coordinator.events("worker.exited") if e["run_id"] == str(doomed.id)]
@@ -248,3 +258,26 @@ def test_two_coordinators_of_different_groups_never_stop_each_others_workers(
     assert a.events("worker.stopping") == b.events("worker.stopping") == []
     assert [e["run_id"] for e in a.events("worker.launched")] == [str(mine.id)]
     assert [e["run_id"] for e in b.events("worker.launched")] == [str(theirs.id)]
+
+
+# ---------------------------------------------------------------- a runner that died while no coordinator watched
+
+
+def test_a_runner_that_died_while_its_coordinator_was_down_is_reported_on_restart(
+    site: Site, coordinators: Coordinators
+) -> None:
+    run = site.deploy({"steps": [{"name": "long", "run": "echo started; sleep 600"}]})
+    first = coordinators.start(site.group_token, "first")
+    wait_until(lambda: status(run) == RunStatus.RUNNING, 60, "the run to start")
+    [launched] = first.events("worker.launched")
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(30)
+    os.kill(int(launched["worker"]), signal.SIGKILL)  # the local launcher's worker is its runner's pid
+    assert status(run) == RunStatus.RUNNING  # nobody told Gantry
+
+    second = coordinators.restart(first)
+
+    wait_until(lambda: status(run) == RunStatus.FAILURE, 60, "the restarted coordinator's report")
+    reason = Run.objects.get(id=run.id).failure_reason
+    assert reason.startswith("runner lost: the worker exited with an unknown code before it reported")
+    assert second.events("worker.reattached") == []
