@@ -101,7 +101,9 @@ class Coordinators:
         assert old.proc.poll() is not None
         return self.start(old.token, old.name, start_delay=old.start_delay, again=True)
 
-    def start(self, token: str, name: str = "a", *, start_delay: float = 0, again: bool = False) -> CoordinatorProcess:
+    def start(
+        self, token: str, name: str = "a", *, start_delay: float = 0, again: bool = False, interval: float = INTERVAL
+    ) -> CoordinatorProcess:
         folder = self.site.tmp / f"coordinator-{name}"
         folder.mkdir(exist_ok=again)
         options = [arg for opt in self.case.options(folder, start_delay) for arg in ("--launcher-option", opt)]
