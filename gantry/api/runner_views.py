@@ -123,7 +123,7 @@ class DispatchFailedView(APIView):
 class WorkerReportSerializer(serializers.Serializer):
     run_id = serializers.UUIDField()
     runner_id = serializers.UUIDField()
-    state = serializers.ChoiceField(choices=[services.WORKER_RUNNING, services.WORKER_EXITED])
+    state = serializers.ChoiceField(choices=services.WORKER_STATES)
     exit_code = serializers.IntegerField(
         required=False, allow_null=True, min_value=-(2**31), max_value=2**31 - 1,
         help_text="An exited worker's exit code; negative: killed by that signal; null: unknown.",
@@ -152,21 +152,21 @@ class StopOrderSerializer(serializers.Serializer):
     run_id = serializers.UUIDField()
     runner_id = serializers.UUIDField()
     reason = serializers.ChoiceField(
-        choices=[services.STOP_RUN_TERMINAL, services.STOP_LEASE_LAPSED, services.STOP_RUNNER_GONE],
+        choices=services.STOP_REASONS,
         help_text="run_terminal: the run ended without this worker; lease_lapsed: it never accepted and now "
         "never can; runner_gone: its runner row was deleted.",
     )
     run_status = serializers.ChoiceField(choices=RunStatus.choices, allow_null=True)
 
 
-class RetrySerializer(serializers.Serializer):
+class ReconcileRetrySerializer(serializers.Serializer):
     run_id = serializers.UUIDField()
     runner_id = serializers.UUIDField()
 
 
 class ReconcileAnswerSerializer(serializers.Serializer):
     stop = StopOrderSerializer(many=True, help_text="Running workers to stop (the launcher's terminate).")
-    retry = RetrySerializer(many=True, help_text="Exited workers not settled yet: report them again.")
+    retry = ReconcileRetrySerializer(many=True, help_text="Exited workers not settled yet: report them again.")
 
 
 class ReconcileView(APIView):

@@ -266,8 +266,11 @@ STOP_RUN_TERMINAL = "run_terminal"  # the run ended without it (cancelled, skipp
 STOP_LEASE_LAPSED = "lease_lapsed"  # it never accepted, and now it never can
 STOP_RUNNER_GONE = "runner_gone"  # its runner row was deleted (a reaper, a force-delete, a deregister)
 
+STOP_REASONS = (STOP_RUN_TERMINAL, STOP_LEASE_LAPSED, STOP_RUNNER_GONE)
+
 WORKER_RUNNING = "running"
 WORKER_EXITED = "exited"
+WORKER_STATES = (WORKER_RUNNING, WORKER_EXITED)
 # What of a worker's last lines goes into a failure reason.
 REASON_LINES = 20
 REASON_LINE_CHARS = 300
