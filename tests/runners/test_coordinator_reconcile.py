@@ -58,11 +58,15 @@ def running() -> Iterator[list[Coordinator]]:
         coord.reconciler.stop()
 
 
-def start(running: list[Coordinator], coord: Coordinator) -> threading.Thread:
+def started(site: Site, running: list[Coordinator], **settings: Any) -> tuple[Run, FakeLauncher, Coordinator]:
+    """A run, and a coordinator running on a thread that has launched its (fake) worker."""
+    run = site.deploy(SPEC)
+    fake = FakeLauncher()
+    coord = coordinator(site, fake, **settings)
     running.append(coord)
-    thread = threading.Thread(target=coord.run, daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=coord.run, daemon=True).start()
+    wait_until(lambda: bool(fake.launched), 30, "the launch")
+    return run, fake, coord
 
 
 def test_a_worker_that_dies_under_its_run_fails_the_run_at_once(site: Site, caplog: pytest.LogCaptureFixture) -> None:
@@ -126,11 +130,7 @@ def test_a_failed_report_is_backed_off_and_its_exits_kept(site: Site, caplog: py
 
 
 def test_the_reconciler_is_not_held_up_by_a_parked_long_poll(site: Site, running: list[Coordinator]) -> None:
-    run = site.deploy(SPEC)
-    fake = FakeLauncher()
-    coord = coordinator(site, fake, wait=30)
-    start(running, coord)
-    wait_until(lambda: bool(fake.launched), 30, "the launch")
+    run, _, coord = started(site, running, wait=30)
     # Nothing else to claim: the main loop parks its next poll for 30 s.
     wait_until(lambda: bool(coord.client._inflight), 30, "the long poll to park")
 
@@ -142,11 +142,7 @@ def test_the_reconciler_is_not_held_up_by_a_parked_long_poll(site: Site, running
 
 
 def test_an_exit_wakes_the_reconciler_before_its_interval(site: Site, running: list[Coordinator]) -> None:
-    run = site.deploy(SPEC)
-    fake = FakeLauncher()
-    coord = coordinator(site, fake, reconcile_interval=300)
-    start(running, coord)
-    wait_until(lambda: bool(fake.launched), 30, "the launch")
+    run, fake, coord = started(site, running, reconcile_interval=300)
     accept(run, fake.launched[0].runner_id)
 
     fake.finish(str(run.id), code=1)

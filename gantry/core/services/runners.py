@@ -413,6 +413,9 @@ def _settle_exited(group: RunnerGroup, w: WorkerReport, run: dict[str, Any], now
                 now=now,
             )
             result.failed.append(w.run_id)
+            log.info("run %s failed: its runner's worker exited (code %s)", w.run_id, w.exit_code,
+                     extra={"event": "reconcile.runner_exited", "run_id": str(w.run_id),
+                            "runner_id": str(w.runner_id), "exit_code": w.exit_code})  # fmt: skip
         elif status == RunStatus.ASSIGNED and run["assigned_expires_at"] and run["assigned_expires_at"] > now:
             # It died holding the lease, before it accepted: it will never
             # start the run, and another launch would likely die the same way.
