@@ -46,6 +46,10 @@ class LauncherCase:
     kind: str
     # (folder for its files, seconds the runner should wait before it starts) → --launcher-option values
     options: Callable[[Path, float], list[str]]
+    # SIGKILL the runner of a worker, by its ident (``worker`` in worker.launched)
+    kill_runner: Callable[[str], None]
+    # After the test: remove whatever the coordinator on this state folder left running
+    cleanup: Callable[[Path], None]
 
 
 def _local_options(folder: Path, start_delay: float) -> list[str]:
@@ -58,7 +62,21 @@ def _local_options(folder: Path, start_delay: float) -> list[str]:
     return [f"python={shim}"]
 
 
-LAUNCHERS = {"local": LauncherCase("local", _local_options)}
+def _local_kill(ident: str) -> None:
+    os.kill(int(ident), signal.SIGKILL)  # the local launcher's worker is its runner's pid
+
+
+def _local_cleanup(state_dir: Path) -> None:
+    """SIGKILL every process in the sessions of the workers the local launcher recorded."""
+    for record in (state_dir / "workers").glob("*.json") if (state_dir / "workers").is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            sid = int(json.loads(record.read_text())["pid"])
+            for pid in procfs.members(procfs.SESSION, sid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+LAUNCHERS = {"local": LauncherCase("local", _local_options, _local_kill, _local_cleanup)}
 
 
 @pytest.fixture(params=sorted(LAUNCHERS))
@@ -129,23 +147,13 @@ class Coordinators:
         return started
 
 
-def _kill_workers(state_dir: Path) -> None:
-    """SIGKILL every process in the sessions of the workers the local launcher recorded (test cleanup)."""
-    for record in (state_dir / "workers").glob("*.json") if (state_dir / "workers").is_dir() else []:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            sid = int(json.loads(record.read_text())["pid"])
-            for pid in procfs.members(procfs.SESSION, sid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-
-
 @pytest.fixture
 def coordinators(site: Site, launcher_case: LauncherCase) -> Iterator[Coordinators]:
     started = Coordinators(site, launcher_case)
     yield started
     for c in started.started:
         c.stop()
-        _kill_workers(c.state_dir)
+        launcher_case.cleanup(c.state_dir)
 
 
 def user_api(site: Site) -> GantryClient:
@@ -274,7 +282,7 @@ def test_a_runner_that_died_while_its_coordinator_was_down_is_reported_on_restar
     [launched] = first.events("worker.launched")
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(30)
-    os.kill(int(launched["worker"]), signal.SIGKILL)  # the local launcher's worker is its runner's pid
+    coordinators.case.kill_runner(str(launched["worker"]))
     assert status(run) == RunStatus.RUNNING  # nobody told Gantry
 
     second = coordinators.restart(first)
