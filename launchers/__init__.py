@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
+from launchers.base import Assignment, Launcher, LaunchError, UnseenExit, WorkerHandle
 
-__all__ = ["Assignment", "LaunchError", "Launcher", "WorkerHandle", "create", "get", "kinds", "register"]
+__all__ = ["Assignment", "LaunchError", "Launcher", "UnseenExit", "WorkerHandle", "create", "get", "kinds", "register"]
 
 _REGISTRY: dict[str, type[Launcher]] = {}
 # Kinds shipped here; importing their module registers them.

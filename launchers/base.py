@@ -5,13 +5,16 @@ claim, :meth:`Launcher.is_alive` to see which workers finished (then
 :meth:`Launcher.reap` to forget them), :meth:`Launcher.discover` at start-up
 to re-attach to workers a previous coordinator process left running, and
 :meth:`Launcher.terminate` to stop one. Launchers never talk to Gantry: the
-runner they start does, and the coordinator reports a failed launch.
+runner they start does, and the coordinator reports a failed launch and
+reconciles its workers with Gantry (it asks :meth:`Launcher.is_alive` every
+few seconds; a launcher that learns of an exit sooner calls
+:meth:`Launcher.notify_exit`, and the coordinator looks at once).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -57,12 +60,29 @@ class WorkerHandle:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UnseenExit:
+    """A worker that ended while no coordinator watched, found (and reaped) by :meth:`Launcher.discover`."""
+
+    handle: WorkerHandle
+    exit_code: int | None
+    last_lines: list[str]
+
+
 class Launcher(ABC):
     kind: ClassVar[str] = ""
     # Set by the coordinator before the first call: the group it serves. A
     # launcher that labels its workers discovers only its own group's, so two
     # coordinators sharing a Docker host or a namespace never touch each other's.
     group_id: str = ""
+    # Set by the coordinator: called without arguments, from any thread, when a
+    # worker may have exited, so the worker is reaped and reported at once.
+    exit_listener: Callable[[], None] | None = None
+
+    def notify_exit(self) -> None:
+        """Tell the coordinator a worker may have exited (a child's wait returned, a container's die event)."""
+        if self.exit_listener is not None:
+            self.exit_listener()
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
@@ -78,6 +98,11 @@ class Launcher(ABC):
     @abstractmethod
     def discover(self) -> list[WorkerHandle]:
         """The workers this launcher started (in this or an earlier process) that are still running."""
+
+    def take_unseen_exits(self) -> list[UnseenExit]:
+        """The workers :meth:`discover` found ended (and reaped), once: the coordinator reports them to Gantry,
+        whose runs would otherwise wait for the inactive-runner reaper. Empty where a launcher cannot tell."""
+        return []
 
     @abstractmethod
     def is_alive(self, handle: WorkerHandle) -> bool:

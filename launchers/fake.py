@@ -66,6 +66,7 @@ class FakeLauncher(Launcher):
             worker = self.world.workers[run_id]
             worker.alive = False
             worker.exit_code = code
+        self.notify_exit()
 
     def worker(self, run_id: str) -> FakeWorker:
         return self.world.workers[run_id]
@@ -111,6 +112,7 @@ class FakeLauncher(Launcher):
                 worker.alive = False
                 worker.terminated = True
                 worker.exit_code = -15
+        self.notify_exit()
 
     def startup_failure(self, handle: WorkerHandle) -> LaunchError | None:
         with self.world.lock:

@@ -31,13 +31,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from launchers import register
-from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
+from launchers.base import Assignment, Launcher, LaunchError, UnseenExit, WorkerHandle
 from runners import procfs
 from runners.logsetup import event
 from runners.protocol import RUNNER_INHERITED_ENV
@@ -71,6 +72,8 @@ class LocalLauncher(Launcher):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Workers this process started: their Popen objects give exact exit codes and reap zombies.
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        # Workers discover() found ended, until the coordinator takes them.
+        self._unseen: list[UnseenExit] = []
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
@@ -150,7 +153,23 @@ class LocalLauncher(Launcher):
         )
         self._children[assignment.run_id] = proc
         self._write_record(handle)
+        self._watch(proc.pid)
         return handle
+
+    def _watch(self, pid: int) -> None:
+        """Tell the coordinator the moment this child exits, so it is reaped (and reported) at once.
+
+        The wait looks without reaping (WNOWAIT): the zombie keeps its pid, and
+        so its session's id, reserved until :meth:`reap` has swept the session.
+        """
+
+        def wait() -> None:
+            # ChildProcessError: reaped already (the coordinator's periodic look got there first).
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            self.notify_exit()
+
+        threading.Thread(target=wait, name=f"watch-{pid}", daemon=True).start()
 
     def _write_record(self, handle: WorkerHandle) -> None:
         record = {
@@ -195,11 +214,17 @@ class LocalLauncher(Launcher):
             if self.is_alive(handle):
                 alive.append(handle)
             else:
+                lines = self.last_lines(handle)
                 code = self.reap(handle)
+                self._unseen.append(UnseenExit(handle, code, lines))
                 event(log, "worker.exited", "worker for run %s exited with code %s (while no coordinator watched)",
                       handle.run_id, "unknown" if code is None else code, run_id=handle.run_id,
                       pid=handle.meta["pid"], exit_code=code)  # fmt: skip
         return alive
+
+    def take_unseen_exits(self) -> list[UnseenExit]:
+        taken, self._unseen = self._unseen, []
+        return taken
 
     def is_alive(self, handle: WorkerHandle) -> bool:
         proc = self._children.get(handle.run_id)

@@ -64,16 +64,45 @@ class RequestAborted(ApiError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter: try ``attempts`` times, never past ``deadline`` seconds."""
+    """Exponential backoff with jitter: try ``attempts`` times, never past ``deadline`` seconds.
+
+    The n-th pause is drawn from ``[floor * c, c]`` where ``c = min(cap, base * 2 ** (n - 1))``.
+    ``floor`` 0 is full jitter (a request's retries: spread, and the first may
+    follow at once); a daemon's loop keeps half (``floor`` 0.5), so a failing
+    server or launcher is never hammered by a pause drawn near zero.
+    """
 
     attempts: int = 5
     base: float = 0.5
     cap: float = 10.0
     deadline: float | None = None
+    floor: float = 0.0
 
     def delay(self, attempt: int) -> float:
         """The pause before try number ``attempt + 1`` (``attempt`` counts from 1)."""
-        return random.uniform(0, min(self.cap, self.base * 2 ** (attempt - 1)))
+        # The exponent is bounded: a loop failing for hours counts thousands of attempts.
+        ceiling = min(self.cap, self.base * 2 ** min(max(attempt - 1, 0), 62))
+        return ceiling * self.floor + random.uniform(0, ceiling * (1 - self.floor))
+
+
+class Backoff:
+    """One loop's consecutive failures, and the pause each calls for under ``policy``.
+
+    The coordinator's loops (the poll, launches, the reconcile report) each
+    keep one: :meth:`failed` counts a failure and answers how long to wait,
+    :meth:`succeeded` starts the count afresh.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.failures = 0
+
+    def failed(self) -> float:
+        self.failures += 1
+        return self.policy.delay(self.failures)
+
+    def succeeded(self) -> None:
+        self.failures = 0
 
 
 NO_RETRY = RetryPolicy(attempts=1)
@@ -309,6 +338,17 @@ class GantryClient:
             runner_token=str(data["runner_token"]),
             assigned_expires_at=str(data["assigned_expires_at"]),
         )
+
+    def reconcile(self, workers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Report the group's workers (docs/protocol.md, "Reconcile"); answers (stop orders, exits to report again).
+
+        Not retried here: the coordinator reports again on its next turn, and
+        a report is idempotent.
+        """
+        data = self.request("POST", "/api/v1/runner-groups/reconcile", body={"workers": workers}, retry=NO_RETRY).json()
+        if not isinstance(data, dict):
+            raise ApiError(200, "bad_answer", "reconcile answered something other than a JSON object", data)
+        return list(data.get("stop") or []), list(data.get("retry") or [])
 
     def dispatch_failed(self, *, run_id: str, runner_id: str, error: str) -> None:
         self.request(

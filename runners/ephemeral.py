@@ -43,6 +43,7 @@ from types import FrameType
 from typing import Any
 
 from runners import logsetup
+from runners.cli import check_range, env_number
 from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable
 from runners.logbuf import LogBuffer, LogShipper, Manifest
 from runners.logsetup import event
@@ -116,12 +117,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--grace",
         type=float,
-        default=float(env.get("GANTRY_STOP_GRACE") or 10),
+        default=env_number(parser, "GANTRY_STOP_GRACE", float, 10.0),
         help="seconds between SIGTERM and SIGKILL when a step is stopped [GANTRY_STOP_GRACE; default 10]",
     )
     parser.add_argument("--keep-work-dir", action="store_true", help="leave the work folder in place (debugging)")
     parser.add_argument("--log-level", default=env.get("GANTRY_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
+    check_range(parser, args.grace, "--grace (GANTRY_STOP_GRACE)", 0, None)
     token = env.get("GANTRY_RUNNER_TOKEN", "") or _token_from_file(env.get("GANTRY_RUNNER_TOKEN_FILE", ""))
     missing = [
         name

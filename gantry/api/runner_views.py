@@ -8,7 +8,9 @@ changes.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -27,6 +29,11 @@ from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS
+
+# A reconcile report's bounds: workers per call, and an exited worker's last lines.
+RECONCILE_MAX_WORKERS = 1000
+RECONCILE_MAX_LINES = 50
+RECONCILE_MAX_LINE = 1000
 
 # ---------------------------------------------------------------- runner group
 
@@ -112,6 +119,82 @@ class DispatchFailedView(APIView):
         data = validated(DispatchFailedSerializer, request)
         services.dispatch_failed(group=group_of(request).group, **data)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WorkerReportSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    runner_id = serializers.UUIDField()
+    state = serializers.ChoiceField(choices=services.WORKER_STATES)
+    exit_code = serializers.IntegerField(
+        required=False, allow_null=True, min_value=-(2**31), max_value=2**31 - 1,
+        help_text="An exited worker's exit code; negative: killed by that signal; null: unknown.",
+    )  # fmt: skip
+    last_lines = serializers.ListField(
+        child=serializers.CharField(max_length=RECONCILE_MAX_LINE, allow_blank=True, trim_whitespace=False),
+        max_length=RECONCILE_MAX_LINES,
+        required=False,
+        help_text="An exited worker's last output lines (its runner's own log), oldest first.",
+    )
+    seconds = serializers.FloatField(required=False, allow_null=True, min_value=0, help_text="How long it ran.")
+
+
+class ReconcileSerializer(serializers.Serializer):
+    workers = serializers.ListField(child=WorkerReportSerializer(), max_length=RECONCILE_MAX_WORKERS)
+
+    def validate_workers(self, workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for key in ("run_id", "runner_id"):
+            seen = [w[key] for w in workers]
+            if len(set(seen)) != len(seen):
+                raise serializers.ValidationError(f"each worker must be listed once ({key} repeated)")
+        return workers
+
+
+class StopOrderSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    runner_id = serializers.UUIDField()
+    reason = serializers.ChoiceField(
+        choices=services.STOP_REASONS,
+        help_text="run_terminal: the run ended without this worker; lease_lapsed: it never accepted and now "
+        "never can; runner_gone: its runner row was deleted.",
+    )
+    run_status = serializers.ChoiceField(choices=RunStatus.choices, allow_null=True)
+
+
+class ReconcileRetrySerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    runner_id = serializers.UUIDField()
+
+
+class ReconcileAnswerSerializer(serializers.Serializer):
+    stop = StopOrderSerializer(many=True, help_text="Running workers to stop (the launcher's terminate).")
+    retry = ReconcileRetrySerializer(many=True, help_text="Exited workers not settled yet: report them again.")
+
+
+class ReconcileView(APIView):
+    permission_classes = [IsRunnerGroup]
+
+    @extend_schema(
+        operation_id="runner_groups_reconcile",
+        request=ReconcileSerializer,
+        responses={200: ReconcileAnswerSerializer, **runner_errors(400, 401, 403)},
+        description=(
+            "The group reports the workers its launcher holds and gets back the ones to stop. An exited worker "
+            "whose run is executing fails that run at once as runner lost (exit code and last lines in "
+            "failure_reason), its live log becomes the final chunk, the stack's next run is promoted and the "
+            "runner row deleted; one that exited before it accepted fails the run as a dispatch failure. A "
+            "running worker is told to stop when its run ended, its lease lapsed, or its runner row is gone. "
+            "Entries naming another group's runner, or a run not bound to that runner, are ignored. Idempotent."
+        ),
+    )
+    def post(self, request: Request) -> Response:
+        data = validated(ReconcileSerializer, request)
+        reports = [services.WorkerReport(**w) for w in data["workers"]]
+        result = services.group_reconcile(group=group_of(request).group, workers=reports)
+        answer = {
+            "stop": [dataclasses.asdict(order) for order in result.stop],
+            "retry": [{"run_id": w.run_id, "runner_id": w.runner_id} for w in result.retry],
+        }
+        return Response(ReconcileAnswerSerializer(answer).data)
 
 
 # ---------------------------------------------------------------- runner

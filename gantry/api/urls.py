@@ -19,6 +19,7 @@ urlpatterns = [
     # The two-phase protocol: runner-group and runner calls.
     path("runner-groups/poll", rv.PollView.as_view()),
     path("runner-groups/dispatch-failed", rv.DispatchFailedView.as_view()),
+    path("runner-groups/reconcile", rv.ReconcileView.as_view()),
     path("runners/<uuid:runner_id>/ready", rv.ReadyView.as_view()),
     path("runners/<uuid:runner_id>/deregister", rv.DeregisterView.as_view()),
     path("runs/<uuid:run_id>/accept", rv.AcceptView.as_view()),

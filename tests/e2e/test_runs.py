@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from tests.e2e.conftest import Lab, wait_until
+from tests.e2e.conftest import Coordinator, Lab, wait_until
 
 
 def kinds(run: dict[str, object]) -> list[str]:
@@ -126,30 +126,53 @@ def test_a_coordinator_killed_and_restarted_reattaches_and_the_run_completes_onc
     assert "went" in lab.read_log(run_id)[0]
 
 
-def test_a_runner_killed_is_failed_by_the_reaper_and_its_partial_log_survives(lab: Lab) -> None:
+def _partial_run(lab: Lab, pidfile: Path) -> tuple[Coordinator, str, int]:
+    """A coordinator and a run whose step wrote a line and sleeps: (coordinator, run id, its runner's pid)."""
     coordinator = lab.coordinator()
-    pidfile = lab.tmp / "step.pid"
     run_id = lab.deploy(
         [{"name": "partial", "run": f"echo $$ > {pidfile}; echo 'partial output before the crash'; sleep 600"}]
     )
     wait_until(lambda: "partial output" in lab.log_so_far(run_id), 60, "the live log to show the partial output")
     [launched] = coordinator.named("worker.launched", run_id)
-    os.kill(int(launched["worker"]), signal.SIGKILL)
+    return coordinator, run_id, int(launched["worker"])
 
-    # The coordinator notices, and sweeps the step the dead runner left behind.
+
+def test_a_runner_killed_fails_its_run_at_once_and_its_partial_log_survives(lab: Lab) -> None:
+    pidfile = lab.tmp / "step.pid"
+    coordinator, run_id, runner_pid = _partial_run(lab, pidfile)
+    os.kill(runner_pid, signal.SIGKILL)
+
+    # The coordinator notices, sweeps the step the dead runner left behind,
+    # and reports the exit: the run fails now, not an hour later.
     exited = wait_until(lambda: coordinator.named("worker.exited", run_id), 60, "the dead worker to be reaped")
     assert exited[0]["exit_code"] == -signal.SIGKILL
     group_gone(int(pidfile.read_text()))
-    assert lab.run(run_id)["status"] == "running"  # the server cannot know yet
+    run = lab.wait_terminal(run_id, timeout=60)
+    assert run["status"] == "failure"
+    assert run["failure_reason"].startswith("runner lost: the worker was killed by signal 9")
+    assert "runner_exited" in kinds(run)
+    text, _ = lab.read_log(run_id)
+    assert "partial output before the crash" in text
 
-    # An hour of silence later, as the reaper sees it.
+
+def test_a_runner_killed_while_no_coordinator_watches_is_failed_by_the_reaper(lab: Lab) -> None:
+    pidfile = lab.tmp / "orphan.pid"
+    coordinator, run_id, runner_pid = _partial_run(lab, pidfile)
+    coordinator.proc.send_signal(signal.SIGKILL)
+    coordinator.proc.wait(30)
+    os.kill(runner_pid, signal.SIGKILL)
+    assert lab.run(run_id)["status"] == "running"  # nobody told the server
+
+    # An hour of silence later, as the reaper sees it: the backstop.
     later = datetime.now(UTC) + timedelta(hours=1, minutes=1)
     out = lab.server.manage("reap", "--only", "inactive_runners", "--now", later.isoformat())
     run = lab.wait_terminal(run_id, timeout=30)
     assert run["status"] == "failure", out
     assert "lost" in run["failure_reason"]
+    assert "runner_lost" in kinds(run)
     text, _ = lab.read_log(run_id)
     assert "partial output before the crash" in text
+    os.killpg(int(pidfile.read_text()), signal.SIGKILL)  # the orphaned step: no coordinator swept it
 
 
 def test_a_launch_that_fails_is_reported_as_dispatch_failed(lab: Lab) -> None:

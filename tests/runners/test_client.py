@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from runners.client import (
     READY_RETRY,
     ApiError,
+    Backoff,
     GantryClient,
     RequestAborted,
     RetryPolicy,
@@ -275,3 +277,25 @@ def test_a_user_client_uses_the_token_scheme(server: Scripted) -> None:
     assert client.run_logs("r1", offset=0) == {"text": "hi\n", "next_offset": 3, "complete": True}
     assert server.requests[0]["headers"]["Authorization"] == "Token user-key"
     assert server.requests[0]["path"] == "/api/v1/runs/r1/logs?offset=0"
+
+
+def test_backoff_doubles_from_base_to_cap_and_keeps_the_policys_floor() -> None:
+    policy = RetryPolicy(attempts=sys.maxsize, base=1.0, cap=8.0, floor=0.5)
+    backoff = Backoff(policy)
+    pauses = [backoff.failed() for _ in range(6)]
+    ceilings = [1, 2, 4, 8, 8, 8]
+    assert all(c / 2 <= p <= c for p, c in zip(pauses, ceilings, strict=True)), pauses
+    assert backoff.failures == 6
+    backoff.succeeded()
+    assert backoff.failures == 0
+    assert 0.5 <= backoff.failed() <= 1
+
+
+def test_a_loop_failing_for_hours_still_gets_a_bounded_pause() -> None:
+    policy = RetryPolicy(attempts=sys.maxsize, base=1.0, cap=30.0, floor=0.5)
+    assert 15 <= policy.delay(100_000) <= 30
+
+
+def test_full_jitter_stays_the_default_for_a_requests_retries() -> None:
+    pauses = {RetryPolicy(base=1.0, cap=1.0).delay(1) for _ in range(200)}
+    assert min(pauses) < 0.5  # drawn from [0, 1]: a retry may follow at once

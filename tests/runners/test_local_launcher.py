@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ import launchers
 from launchers import Assignment, LaunchError
 from launchers.fake import FakeLauncher
 from launchers.local import LocalLauncher
+from runners import procfs
 from runners.procfs import start_ticks as _start_ticks
 
 STAND_IN = r"""
@@ -161,6 +163,10 @@ def test_a_new_launcher_on_the_same_state_folder_rediscovers_running_workers(
     # The finished one was reaped by discover: its record and exit file are gone.
     assert not (second.workers_dir / f"{finished.run_id}.json").exists()
     assert not (second.workers_dir / f"{finished.run_id}.exit").exists()
+    # ...and handed over once, with its exit code, for the coordinator to report.
+    [unseen] = second.take_unseen_exits()
+    assert (unseen.handle.run_id, unseen.handle.runner_id, unseen.exit_code) == (finished.run_id, "runner-2", 3)
+    assert second.take_unseen_exits() == []
 
     stop(shim, running.run_id, 5)
     wait_for(lambda: not second.is_alive(found[0]), what="worker 1 to exit")
@@ -278,3 +284,26 @@ def test_the_fake_launcher_records_fails_and_finishes_on_command() -> None:
     assert not again.is_alive(handle)
     assert again.reap(handle) == 4
     assert again.discover() == []
+
+
+def test_a_workers_exit_is_told_at_once_and_its_zombie_kept_until_reap(
+    make_launcher: Callable[[], LocalLauncher], shim: Path, cleanup: list[int]
+) -> None:
+    launcher = make_launcher()
+    told = threading.Event()
+    launcher.exit_listener = told.set
+    handle = launcher.launch(assignment())
+    pid = int(handle.ident)
+    cleanup.append(pid)
+    seen(shim, handle.run_id)
+    assert not told.is_set()
+
+    stop(shim, handle.run_id, 3)
+
+    assert told.wait(20), "the launcher never told of the exit"
+    # Told, not reaped: the zombie keeps its pid (and its session's id) until reap() sweeps the session.
+    fields = procfs.stat_fields(pid)
+    assert fields is not None
+    assert fields[procfs.STATE] == b"Z"
+    assert launcher.reap(handle) == 3
+    assert procfs.stat_fields(pid) is None

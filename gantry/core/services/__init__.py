@@ -7,7 +7,7 @@ services``); the functions live in one module per concern:
 - ``transitions`` — the guarded UPDATE every transition is made of, events, lanes
 - ``runs`` — a run's edges: assign, lease reset, accept, cancel, finish, fail, time out
 - ``deployments`` — queue, skip, retry
-- ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete
+- ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete, a group's reconcile
 - ``tenancy`` — organizations, memberships, runner groups, stacks
 
 The one other place that moves a run is the poll's claim
@@ -17,8 +17,19 @@ The one other place that moves a run is the poll's claim
 from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
 from gantry.core.services.runners import (
     RUNNER_METADATA,
+    STOP_LEASE_LAPSED,
+    STOP_REASONS,
+    STOP_RUN_TERMINAL,
+    STOP_RUNNER_GONE,
+    WORKER_EXITED,
+    WORKER_RUNNING,
+    WORKER_STATES,
     LostRunner,
+    Reconciled,
+    StopOrder,
+    WorkerReport,
     dispatch_failed,
+    group_reconcile,
     holds_run_sql,
     runner_deregister,
     runner_fail_lost,
@@ -57,11 +68,22 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "RETRYABLE",
     "RUNNER_METADATA",
+    "STOP_LEASE_LAPSED",
+    "STOP_REASONS",
+    "STOP_RUNNER_GONE",
+    "STOP_RUN_TERMINAL",
+    "WORKER_EXITED",
+    "WORKER_RUNNING",
+    "WORKER_STATES",
     "LostRunner",
+    "Reconciled",
+    "StopOrder",
+    "WorkerReport",
     "deployment_create",
     "deployment_retry",
     "deployment_skip",
     "dispatch_failed",
+    "group_reconcile",
     "holds_run_sql",
     "membership_set",
     "notify_claimable",

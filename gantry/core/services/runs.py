@@ -281,15 +281,17 @@ def run_fail(
     expected: Iterable[str] = frozenset(LANE_HOLDERS),
     extra_filter: dict[str, Any] | None = None,
     guard: str = "",
+    detail: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Run:
-    """Any live run → failure (runner lost, dispatch failed, accept undeliverable, force-delete)."""
+    """Any live run → failure (runner lost or exited, dispatch failed, accept undeliverable, force-delete)."""
     return terminate(
         run_id,
         expected=expected,
         target=RunStatus.FAILURE,
         now=resolve_now(now),
         event=event,
+        detail=detail,
         extra_filter=extra_filter,
         guard=guard,
         failure_reason=reason,
@@ -360,12 +362,21 @@ def run_request_cancellation(*, run_id: uuid.UUID, by: User | None = None, now: 
     raise refusal(run_id, RunStatus.CANCELLED, NEVER_STARTED | {RunStatus.RUNNING})
 
 
-def fail_executing_run(*, run_id: uuid.UUID, runner_id: uuid.UUID, reason: str, event: str, now: datetime) -> Run:
+def fail_executing_run(
+    *,
+    run_id: uuid.UUID,
+    runner_id: uuid.UUID,
+    reason: str,
+    event: str,
+    now: datetime,
+    detail: dict[str, Any] | None = None,
+) -> Run:
     """Fail a run its runner was executing, guarded on that runner still holding it."""
     return run_fail(
         run_id=run_id,
         reason=reason,
         event=event,
+        detail=detail,
         expected=EXECUTING,
         extra_filter={"assigned_runner_id": runner_id},
         guard="the runner that holds it",
