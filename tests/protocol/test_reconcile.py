@@ -21,7 +21,7 @@ from gantry.core import services, tokens
 from gantry.core.models import Organization, RunEvent, Runner, RunnerGroup, RunStatus, Stack
 from gantry.core.services import WorkerReport
 from gantry.logs import live
-from gantry.logs.reader import read_log
+from gantry.logs.reader import lost_line, read_log
 from tests.core.drive import Driven, deploy, drive, event_kinds, lease, reload
 from tests.reapers.helpers import world
 
@@ -99,7 +99,8 @@ def test_an_exited_worker_fails_its_executing_run_at_once_and_keeps_its_log(stac
     assert run.log_manifest is not None
     assert run.log_manifest["count"] == 1
     assert live.get(d.run.id) is None
-    assert read_log(run, offset=0).text == "line one\nline two\n"
+    # ...followed by the line saying the rest (after the last live push) is lost.
+    assert read_log(run, offset=0).text == "line one\nline two\n" + lost_line().decode()
     assert result.failed == [d.run.id]
     assert result.stop == []
     assert result.retry == []
@@ -194,7 +195,7 @@ def test_a_failed_flush_keeps_the_runner_row_and_asks_for_the_report_again(
     assert second.retry == []
     assert second.deleted == 1
     run = reload(d.run)
-    assert read_log(run, offset=0).text == "kept\n"
+    assert read_log(run, offset=0).text == "kept\n" + lost_line().decode()
     assert event_kinds(d.run).count("runner_exited") == 1
 
 
