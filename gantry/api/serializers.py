@@ -179,19 +179,33 @@ class RunRefSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class RunAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Run
+        fields = ["id", "attempt", "status", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
 class DeploymentSerializer(serializers.ModelSerializer):
     run = serializers.SerializerMethodField()
+    runs = serializers.SerializerMethodField()
     stack_id = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Deployment
-        fields = ["id", "status", "stack_id", "spec", "run", "created_at", "updated_at"]
+        fields = ["id", "status", "stack_id", "spec", "run", "runs", "created_at", "updated_at"]
         read_only_fields = fields
 
+    @extend_schema_field(RunRefSerializer(allow_null=True))
     def get_run(self, deployment: Deployment) -> dict[str, Any] | None:
         # The newest attempt; from the prefetch cache when the view prefetched runs.
         run = max(deployment.runs.all(), key=lambda r: r.attempt, default=None)
         return RunRefSerializer(run).data if run else None
+
+    @extend_schema_field(RunAttemptSerializer(many=True))
+    def get_runs(self, deployment: Deployment) -> list[dict[str, Any]]:
+        # Every attempt, oldest first: a retried deployment's earlier runs stay reachable.
+        return list(RunAttemptSerializer(sorted(deployment.runs.all(), key=lambda r: r.attempt), many=True).data)
 
 
 class DeploymentCreateSerializer(serializers.Serializer):

@@ -77,6 +77,8 @@ RUNNER_BOUND = frozenset(
 # Started and not finished: the runner is executing (or stopping) it.
 EXECUTING = frozenset({RunStatus.RUNNING, RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 NEVER_STARTED = frozenset({RunStatus.QUEUED, RunStatus.PENDING, RunStatus.ASSIGNED})
+# The runs the queue page lists as waiting: never started (the same set, named for its use).
+WAITING = NEVER_STARTED
 
 # A deployment's status follows its newest run.
 DEPLOYMENT_STATUS_FOR_RUN: dict[str, str] = {
@@ -277,7 +279,8 @@ class RunSelector(models.Model):
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runs")
+    # No index of its own: run_org_created_idx (organization, created_at, id) serves it.
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runs", db_index=False)
     stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="runs")
     # No index of its own: the unique (deployment, attempt) index serves it,
     # and the latest attempt (a backward scan of it). Every index of run is
@@ -338,6 +341,17 @@ class Run(models.Model):
                 condition=Q(status=RunStatus.QUEUED),
                 name="run_queued_stack_idx",
             ),
+            # The queue read (gantry.dispatch.queue): an org's waiting runs, oldest
+            # first, one index range per status merged in order; and capped counts
+            # per status for /metrics. Finished history never enters it.
+            models.Index(
+                fields=["organization", "status", "created_at", "id"],
+                condition=_in("status", WAITING),
+                name="run_waiting_idx",
+            ),
+            # An org's runs newest first (GET /orgs/{org}/runs, the queue page's
+            # history); it also serves the organization foreign key.
+            models.Index(fields=["organization", "created_at", "id"], name="run_org_created_idx"),
         ]
 
     def __str__(self) -> str:

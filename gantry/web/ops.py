@@ -6,7 +6,9 @@ import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from gantry import metrics as gantry_metrics
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -35,4 +37,6 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+    """Prometheus text: the in-process metrics, then the ones computed at scrape time (docs/queue.md)."""
+    body = generate_latest(REGISTRY) + generate_latest(gantry_metrics.SCRAPE_REGISTRY)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -23,11 +23,14 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from functools import partial
+
 from django.db import connection, transaction
 from django.db.models import Exists, F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from gantry import metrics
 from gantry.core.errors import InvalidTransition, NotFound, RunTerminal
 from gantry.core.models import (
     DEPLOYMENT_STATUS_FOR_RUN,
@@ -232,7 +235,18 @@ def terminate(
         )
         RunToken.objects.filter(run_id=run_id, revoked_at__isnull=True).update(revoked_at=now)
         stack_promote_next(stack_id=stack_id, now=now)
+        transaction.on_commit(partial(_record_finished, run))
     return run
+
+
+def _record_finished(run: Run) -> None:
+    # After commit: a rolled-back transition is never counted.
+    timings = {"pending_to_finished": (run.finished_at - run.first_pending_at).total_seconds()}
+    metrics.record_run(
+        organization_id=run.organization_id,
+        timings=timings if run.first_pending_at and run.finished_at else {},
+        finished=run.status,
+    )
 
 
 def lease_lapsed_filter(run_id: uuid.UUID, now: datetime) -> dict[str, Any]:
