@@ -141,6 +141,13 @@ if GANTRY_S3_ADDRESSING_STYLE not in ("auto", "path", "virtual"):
 # over Django's default of 2.5 MB; the push validates its own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 
+# The pages (gantry/web): log in, and a new user's one-time set-password link (Django's
+# password-reset token), valid this many seconds.
+LOGIN_URL = "web:login"
+LOGIN_REDIRECT_URL = "web:home"
+LOGOUT_REDIRECT_URL = "web:login"
+PASSWORD_RESET_TIMEOUT = envint("GANTRY_PASSWORD_LINK_TTL", 3 * 24 * 3600, minimum=60)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

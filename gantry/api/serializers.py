@@ -75,6 +75,31 @@ class MemberCreatedSerializer(MemberSerializer):
     token = serializers.CharField(
         required=False, help_text="The new user's API token; present only when this call created the user."
     )
+    set_password_url = serializers.URLField(
+        required=False,
+        help_text="A one-time link for the new user to set a password and log in; shown once, valid until "
+        "set_password_expires_at (GANTRY_PASSWORD_LINK_TTL). Present only when this call created the user.",
+    )
+    set_password_expires_at = serializers.DateTimeField(required=False)
+
+
+class MemberInvitedSerializer(MemberSerializer):
+    invitation_id = serializers.IntegerField(help_text="The invitation the user accepts (or declines).")
+    status = serializers.ChoiceField(choices=["invited"], help_text="Pending until the invited user accepts.")
+
+
+class PasswordLinkSerializer(serializers.Serializer):
+    set_password_url = serializers.URLField(help_text="One-time link; every earlier one stops working.")
+    set_password_expires_at = serializers.DateTimeField()
+
+
+class InvitationSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    org = serializers.CharField(source="organization.slug")
+    org_name = serializers.CharField(source="organization.name")
+    role = serializers.ChoiceField(choices=Role.choices)
+    invited_by = serializers.CharField(source="invited_by.username", allow_null=True, default=None)
+    created_at = serializers.DateTimeField()
 
 
 class RunnerGroupSerializer(serializers.ModelSerializer):

@@ -357,8 +357,15 @@ class OrganizationAdmin(ScopedAdmin):
         for membership in formset.deleted_objects:
             membership.delete()
         for membership in [*formset.new_objects, *(m for m, _ in formset.changed_objects)]:
-            # membership_set also makes a new org admin staff, so the grant works here.
-            services.membership_set(org=form.instance, username=membership.user.username, role=membership.role)
+            # membership_set also makes a new org admin staff, so the grant works here; someone not yet
+            # a member is invited (they join once they accept), never attached without consent.
+            change = services.membership_set(
+                org=form.instance, username=membership.user.username, role=membership.role, by=_acting_user(request)
+            )
+            if change.invitation is not None:
+                self.message_user(
+                    request, f"Invited {membership.user.username}: they join once they accept.", messages.INFO
+                )
 
 
 # --------------------------------------------------------------------------

@@ -140,6 +140,32 @@ class Membership(models.Model):
         return f"{self.user} in {self.organization} ({self.role})"
 
 
+class Invitation(models.Model):
+    """An org's offer of a role to an existing user, pending until that user accepts or declines it.
+
+    Attaching someone who already has an account never happens without their
+    consent (docs/api.md, "Members"); a user created by the org gets a
+    membership at once instead. Accepting creates the membership and deletes
+    the invitation; declining deletes it.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "invitation"
+        ordering = ["created_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["user", "organization"], name="invitation_user_org_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.organization} ({self.role})"
+
+
 class RunnerGroup(models.Model):
     # No index of its own: the unique (organization, name) index serves it.
     organization = models.ForeignKey(

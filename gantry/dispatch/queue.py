@@ -41,7 +41,7 @@ from django.db import connection
 
 from gantry import conf
 from gantry.core.errors import InvalidRequest
-from gantry.core.models import LANE_HOLDERS, Organization, RunnerStatus, RunStatus
+from gantry.core.models import LANE_HOLDERS, WAITING, Organization, RunnerStatus, RunStatus
 from gantry.dispatch import throttle
 
 PAGE_DEFAULT = 100
@@ -337,13 +337,20 @@ def _status_range(status: str) -> str:
         ORDER BY created_at, id LIMIT %(limit)s)"""
 
 
-_PAGE_SQL = f"""
+_PAGE_CTE = f"""
 WITH page AS (
     {_status_range("queued")}
     UNION ALL {_status_range("pending")}
     UNION ALL {_status_range("assigned")}
     ORDER BY created_at, id LIMIT %(limit)s
 )
+"""
+_ONE_RUN_CTE = f"""
+WITH page AS (
+    SELECT id, created_at FROM run WHERE id = %(run_id)s AND status IN ({", ".join(f"'{s}'" for s in sorted(WAITING))})
+)
+"""
+_WAITING_SQL = f"""
 SELECT r.id, r.status, r.stack_id, st.name, r.deployment_id, r.created_at, r.first_pending_at,
        r.selector_id, sel.selector, r.assigned_runner_id, r.assigned_expires_at,
        ru.status, ru.created_at, COALESCE(ru.last_seen_at, ru.accepted_at),
@@ -357,6 +364,7 @@ JOIN run_selector sel ON sel.id = r.selector_id
 LEFT JOIN runner ru ON ru.id = r.assigned_runner_id
 ORDER BY r.created_at, r.id
 """
+_PAGE_SQL = _PAGE_CTE + _WAITING_SQL
 
 # The claim's matching rule (gantry.dispatch.claim, CTE "sel"), per group.
 _GROUPS_SQL = """
@@ -459,8 +467,12 @@ class QueuePage:
 def waiting_runs(*, organization_id: int, after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[WaitingRun]:
     after_at, after_id = after or _BEFORE_ALL
     params = {"org_id": organization_id, "after_at": after_at, "after_id": after_id, "limit": limit}
+    return _read_waiting(_PAGE_SQL, params)
+
+
+def _read_waiting(sql: str, params: dict[str, Any]) -> list[WaitingRun]:
     with connection.cursor() as cur:
-        cur.execute(_PAGE_SQL, params)
+        cur.execute(sql, params)
         rows = cur.fetchall()
     return [
         WaitingRun(
@@ -502,3 +514,12 @@ def read_queue(
     return QueuePage(
         entries=entries, next_cursor=encode_cursor(last.created_at, last.id) if last else None, org=facts
     )
+
+
+def reason_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> Reason | None:
+    """The reason of one run (a run's page), or None when it is not waiting: the same statements, one row."""
+    runs = _read_waiting(_ONE_RUN_CTE + _WAITING_SQL, {"run_id": run_id})
+    if not runs:
+        return None
+    facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
+    return reason_for(Situation(run=runs[0], org=facts))

@@ -9,6 +9,7 @@ services``); the functions live in one module per concern:
 - ``deployments`` — queue, skip, retry
 - ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete
 - ``tenancy`` — organizations, memberships, runner groups, stacks
+- ``members`` — invitations an existing user accepts, set-password links
 
 The one other place that moves a run is the poll's claim
 (``gantry.dispatch.claim``): pending → assigned, in one SQL statement.
@@ -38,7 +39,15 @@ from gantry.core.services.runs import (
     run_reset_lease,
     run_startup_timeout,
 )
+from gantry.core.services.members import (
+    PasswordLink,
+    invitation_accept,
+    invitation_decline,
+    password_link_reissue,
+    pending_invitations,
+)
 from gantry.core.services.tenancy import (
+    MemberChange,
     membership_set,
     org_create,
     org_set_runs_per_hour_limit,
@@ -57,16 +66,22 @@ __all__ = [
     "RETRYABLE",
     "RUNNER_METADATA",
     "LostRunner",
+    "MemberChange",
+    "PasswordLink",
     "deployment_create",
     "deployment_retry",
     "deployment_skip",
     "dispatch_failed",
     "holds_run_sql",
+    "invitation_accept",
+    "invitation_decline",
     "membership_set",
     "notify_claimable",
     "org_create",
     "org_set_runs_per_hour_limit",
     "org_update",
+    "password_link_reissue",
+    "pending_invitations",
     "run_accept",
     "run_acknowledge_cancel",
     "run_assign",
