@@ -13,8 +13,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models import F, Q
+from django.db.models.functions import Lower, Now
 
 
 class Role(models.TextChoices):
@@ -167,7 +167,7 @@ class Invitation(models.Model):
 
 
 class RunnerGroup(models.Model):
-    # No index of its own: the unique (organization, name) index serves it.
+    # No index of its own: the unique (organization, lower(name)) index serves it.
     organization = models.ForeignKey(
         Organization, on_delete=models.CASCADE, related_name="runner_groups", db_index=False
     )
@@ -197,10 +197,14 @@ class RunnerGroup(models.Model):
     class Meta:
         db_table = "runner_group"
         ordering = ["organization_id", "name"]
-        constraints = [models.UniqueConstraint(fields=["organization", "name"], name="runner_group_org_name_uniq")]
+        # Unique within the org whatever the case ("Linux" and "linux" are one name to a person).
+        constraints = [
+            models.UniqueConstraint(F("organization"), Lower("name"), name="runner_group_org_name_ci_uniq")
+        ]
 
     def __str__(self) -> str:
-        return f"{self.organization_id}/{self.name}"
+        # Titled by org slug (callers that list groups select_related the organization).
+        return f"{self.organization.slug}/{self.name}"
 
     # Written only by set-based statements (claim, rotate, trigger, dispatch
     # errors). A plain save() of a form-loaded instance must never write back
@@ -258,7 +262,7 @@ class Stack(models.Model):
     class Meta:
         db_table = "stack"
         ordering = ["organization_id", "name"]
-        constraints = [models.UniqueConstraint(fields=["organization", "name"], name="stack_org_name_uniq")]
+        constraints = [models.UniqueConstraint(F("organization"), Lower("name"), name="stack_org_name_ci_uniq")]
 
     def __str__(self) -> str:
         return self.name

@@ -347,7 +347,7 @@ WITH page AS (
 """
 _ONE_RUN_CTE = f"""
 WITH page AS (
-    SELECT id, created_at FROM run WHERE id = %(run_id)s AND status IN ({", ".join(f"'{s}'" for s in sorted(WAITING))})
+    SELECT id, created_at FROM run WHERE id = ANY(%(run_ids)s) AND status IN ({", ".join(f"'{s}'" for s in sorted(WAITING))})
 )
 """
 _WAITING_SQL = f"""
@@ -516,10 +516,15 @@ def read_queue(
     )
 
 
-def reason_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> Reason | None:
-    """The reason of one run (a run's page), or None when it is not waiting: the same statements, one row."""
-    runs = _read_waiting(_ONE_RUN_CTE + _WAITING_SQL, {"run_id": run_id})
+def reasons_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Reason]:
+    """The reasons of some of the org's runs (those still waiting): two statements, however many."""
+    runs = _read_waiting(_ONE_RUN_CTE + _WAITING_SQL, {"run_ids": list(run_ids)})
     if not runs:
-        return None
+        return {}
     facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
-    return reason_for(Situation(run=runs[0], org=facts))
+    return {run.id: reason_for(Situation(run=run, org=facts)) for run in runs if run.id in set(run_ids)}
+
+
+def reason_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> Reason | None:
+    """One run's reason (its page), or None when it is not waiting."""
+    return reasons_of_runs(org=org, run_ids=[run_id], now=now).get(run_id)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import Model
 from django.db.models import F
 from rest_framework.authtoken.models import Token
 
@@ -25,6 +26,8 @@ from gantry.core.services import members
 from gantry.core.services.transitions import (
     notify_claimable,
 )
+
+M = TypeVar("M", bound=Model)
 
 
 def org_create(*, slug: str, name: str) -> Organization:
@@ -131,9 +134,9 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
     """Create a group; returns it with its token (shown once, never stored)."""
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
-    if RunnerGroup.objects.filter(organization=org, name=name).exists():
-        raise NameTaken(f"a runner group named {name!r} exists in this organization")
-    group = RunnerGroup.objects.create(organization=org, name=name, **fields)
+    if RunnerGroup.objects.filter(organization=org, name__iexact=name).exists():
+        raise NameTaken(f"a runner group named {name!r} exists in this organization (names ignore case)")
+    group = _create_named(RunnerGroup, "runner group", organization=org, name=name, **fields)
     return group, tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
 
 
@@ -142,7 +145,7 @@ def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
     if (
         "name" in fields
-        and RunnerGroup.objects.filter(organization_id=group.organization_id, name=fields["name"])
+        and RunnerGroup.objects.filter(organization_id=group.organization_id, name__iexact=fields["name"])
         .exclude(id=group.id)
         .exists()
     ):
@@ -172,9 +175,11 @@ def runner_group_set_drained(*, group: RunnerGroup, drained: bool) -> RunnerGrou
 
 
 def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any = None, secrets: Any = None) -> Stack:
-    if Stack.objects.filter(organization=org, name=name).exists():
-        raise NameTaken(f"a stack named {name!r} exists in this organization")
-    return Stack.objects.create(
+    if Stack.objects.filter(organization=org, name__iexact=name).exists():
+        raise NameTaken(f"a stack named {name!r} exists in this organization (names ignore case)")
+    return _create_named(
+        Stack,
+        "stack",
         organization=org,
         name=name,
         labels=specs.validate_stack_labels(labels or {}),
@@ -193,7 +198,7 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
         fields["secrets"] = _validate_secrets(fields["secrets"])
     if (
         "name" in fields
-        and Stack.objects.filter(organization_id=stack.organization_id, name=fields["name"])
+        and Stack.objects.filter(organization_id=stack.organization_id, name__iexact=fields["name"])
         .exclude(id=stack.id)
         .exists()
     ):
@@ -203,6 +208,17 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
     if fields:
         stack.save(update_fields=list(fields))
     return stack
+
+
+def _create_named(model: type[M], noun: str, **fields: Any) -> M:
+    """Create a named row; a concurrent create of the same name (any case) is NameTaken, not a 500."""
+    try:
+        with transaction.atomic():
+            return model._default_manager.create(**fields)
+    except IntegrityError as exc:
+        if "_name_ci_uniq" not in str(exc):
+            raise
+        raise NameTaken(f"a {noun} named {fields['name']!r} exists in this organization (names ignore case)") from None
 
 
 def _validate_secrets(secrets: Any) -> dict[str, str]:
