@@ -178,7 +178,9 @@ class RunCollector(Collector):
         values = {_text(k): _text(v) for k, v in raw.items()}
         slugs = {str(i): s for i, s in Organization.objects.values_list("id", "slug")}
         finished = CounterMetricFamily(
-            "gantry_runs_finished", "Runs that reached a terminal status, by org and outcome.", labels=["org", "outcome"]
+            "gantry_runs_finished",
+            "Runs that reached a terminal status, by org and outcome.",
+            labels=["org", "outcome"],
         )
         for org_id, slug in slugs.items():
             for outcome in FINISHED_OUTCOMES:

@@ -124,7 +124,8 @@ class MemberListView(UserView):
             body["set_password_url"] = request.build_absolute_uri(change.password_link.path)
             body["set_password_expires_at"] = change.password_link.expires_at
         return Response(
-            s.MemberCreatedSerializer(body).data, status=status.HTTP_201_CREATED if change.created else status.HTTP_200_OK
+            s.MemberCreatedSerializer(body).data,
+            status=status.HTTP_201_CREATED if change.created else status.HTTP_200_OK,
         )
 
 

@@ -239,7 +239,9 @@ def _check_unique_name(form: forms.ModelForm, model: type[Model]) -> None:
     if (
         name
         and org_id
-        and model._default_manager.filter(organization_id=org_id, name__iexact=name).exclude(pk=form.instance.pk).exists()
+        and model._default_manager.filter(organization_id=org_id, name__iexact=name)
+        .exclude(pk=form.instance.pk)
+        .exists()
     ):
         form.add_error("name", f"A {model._meta.verbose_name} named {name!r} exists in this organization.")
 
@@ -366,10 +368,10 @@ class OrganizationAdmin(NoCreatedAtOnAdd, ScopedAdmin):
         for membership in [*formset.new_objects, *(m for m, _ in formset.changed_objects)]:
             # membership_set also makes a new org admin staff, so the grant works here; someone not yet
             # a member is invited (they join once they accept), never attached without consent.
-            change = services.membership_set(
+            result = services.membership_set(
                 org=form.instance, username=membership.user.username, role=membership.role, by=_acting_user(request)
             )
-            if change.invitation is not None:
+            if result.invitation is not None:
                 self.message_user(
                     request, f"Invited {membership.user.username}: they join once they accept.", messages.INFO
                 )

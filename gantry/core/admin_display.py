@@ -56,11 +56,15 @@ class RunColumns:
             .order_by("run_id", "at", "id")
             .values_list("run_id", "detail__runner_group_id")
         )  # the last assignment of each run wins
-        names = {g.id: str(g) for g in RunnerGroup.objects.select_related("organization").filter(id__in=set(assigned.values()))}
+        names = {
+            g.id: str(g)
+            for g in RunnerGroup.objects.select_related("organization").filter(id__in=set(assigned.values()))
+        }
         for run in rows:
             found = reasons.get(run.id)
             run._gantry_reason = f"{found['code']}: {found['detail']}" if found else "-"
-            run._gantry_group = names.get(assigned.get(run.id), "-")
+            group_id = assigned.get(run.id)
+            run._gantry_group = names.get(int(group_id), "-") if group_id is not None else "-"
         return cl
 
     @admin.display(description="reason")

@@ -182,12 +182,20 @@ class QueueCollector(Collector):
             f"stops at {COUNT_CAP} per status or selector.",
             labels=["org", "reason"],
         )
-        used = GaugeMetricFamily("gantry_runner_group_slots_used", "Runner rows (slots) in use.", labels=["org", "group"])
-        free = GaugeMetricFamily("gantry_runner_group_slots_free", "max_concurrent_runs - slots used.", labels=["org", "group"])
-        bound = GaugeMetricFamily(
-            "gantry_runner_group_running", "Runs assigned to or executing on the group's runners.", labels=["org", "group"]
+        used = GaugeMetricFamily(
+            "gantry_runner_group_slots_used", "Runner rows (slots) in use.", labels=["org", "group"]
         )
-        drained = GaugeMetricFamily("gantry_runner_group_drained", "1 when the group is drained.", labels=["org", "group"])
+        free = GaugeMetricFamily(
+            "gantry_runner_group_slots_free", "max_concurrent_runs - slots used.", labels=["org", "group"]
+        )
+        bound = GaugeMetricFamily(
+            "gantry_runner_group_running",
+            "Runs assigned to or executing on the group's runners.",
+            labels=["org", "group"],
+        )
+        drained = GaugeMetricFamily(
+            "gantry_runner_group_drained", "1 when the group is drained.", labels=["org", "group"]
+        )
         demand = GaugeMetricFamily(
             "gantry_runner_group_runnable_demand",
             "Pending runs the group could take now if it had slots (selector matches, org not throttled, "

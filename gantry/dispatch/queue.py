@@ -345,9 +345,10 @@ WITH page AS (
     ORDER BY created_at, id LIMIT %(limit)s
 )
 """
+_WAITING_STATUSES = ", ".join(f"'{s}'" for s in sorted(WAITING))
 _ONE_RUN_CTE = f"""
 WITH page AS (
-    SELECT id, created_at FROM run WHERE id = ANY(%(run_ids)s) AND status IN ({", ".join(f"'{s}'" for s in sorted(WAITING))})
+    SELECT id, created_at FROM run WHERE id = ANY(%(run_ids)s) AND status IN ({_WAITING_STATUSES})
 )
 """
 _WAITING_SQL = f"""
@@ -496,9 +497,7 @@ def _read_waiting(sql: str, params: dict[str, Any]) -> list[WaitingRun]:
     ]
 
 
-def read_queue(
-    *, org: Organization, now: datetime, cursor: str | None = None, limit: int = PAGE_DEFAULT
-) -> QueuePage:
+def read_queue(*, org: Organization, now: datetime, cursor: str | None = None, limit: int = PAGE_DEFAULT) -> QueuePage:
     """A page of the org's waiting runs, oldest first, each with its reason (two statements, one Redis peek)."""
     runs = waiting_runs(organization_id=org.id, after=decode_cursor(cursor), limit=limit)
     facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
@@ -511,9 +510,7 @@ def read_queue(
         for run in runs
     ]
     last = runs[-1] if len(runs) == limit else None
-    return QueuePage(
-        entries=entries, next_cursor=encode_cursor(last.created_at, last.id) if last else None, org=facts
-    )
+    return QueuePage(entries=entries, next_cursor=encode_cursor(last.created_at, last.id) if last else None, org=facts)
 
 
 def reasons_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Reason]:

@@ -105,9 +105,7 @@ def queue_context(request: HttpRequest, org: Organization, role: str) -> dict[st
     finished = sorted(recent.order_by("-created_at", "-id")[: FINISHED_SHOWN * 3], key=lambda r: r.finished_at or now)
     return {
         "budget": page.org.budget,
-        "waiting": [
-            {"entry": e, "waited": ago(e.waiting_seconds)} for e in page.entries
-        ],
+        "waiting": [{"entry": e, "waited": ago(e.waiting_seconds)} for e in page.entries],
         "more_waiting": page.next_cursor is not None,
         "running": [{"run": r, "for": ago((now - (r.started_at or now)).total_seconds())} for r in running],
         "finished": finished[::-1][:FINISHED_SHOWN],
@@ -152,7 +150,9 @@ def _run_and_role(request: HttpRequest, pk: uuid.UUID) -> tuple[Run, str]:
 
 def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
     events = list(run.events.order_by("at", "id"))
-    attempts = list(Run.objects.filter(deployment_id=run.deployment_id).order_by("attempt").only("id", "attempt", "status"))
+    attempts = list(
+        Run.objects.filter(deployment_id=run.deployment_id).order_by("attempt").only("id", "attempt", "status")
+    )
     newest = attempts[-1].id == run.id if attempts else True
     reason = queue.reason_of_run(org=run.organization, run_id=run.id, now=timezone.now())
     return {
@@ -194,7 +194,9 @@ def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse
     by = _user(request)
     back = reverse("web:run", kwargs={"pk": run.id})
     if action == "cancel":
-        return _act(request, back, lambda: services.run_request_cancellation(run_id=run.id, by=by), "Cancellation asked.")
+        return _act(
+            request, back, lambda: services.run_request_cancellation(run_id=run.id, by=by), "Cancellation asked."
+        )
     if action == "skip":
         return _act(request, back, lambda: services.deployment_skip(deployment_id=run.deployment_id, by=by), "Skipped.")
     if action == "retry":
@@ -257,6 +259,8 @@ def group_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     if action == "rotate-token":
         token = services.runner_group_rotate_token(group=group)
         # Shown once (the message lives in the session until this redirect shows it); Gantry keeps no copy.
-        messages.warning(request, f"New token for {group.name} (shown once, copy it now; the old one stopped working): {token}")
+        messages.warning(
+            request, f"New token for {group.name} (shown once, copy it now; the old one stopped working): {token}"
+        )
         return HttpResponseRedirect(back)
     raise Http404("no such action")

@@ -54,7 +54,8 @@ def test_event_times_have_seconds_and_the_runs_list_has_group_and_reason(
 @pytest.mark.django_db
 def test_names_are_unique_whatever_the_case(owner_api: APIClient, acme: Organization, group: RunnerGroup) -> None:
     response = owner_api.post("/api/v1/orgs/acme/runner-groups", {"name": "LINUX"}, format="json")
-    assert response.status_code == 409 and response.json()["code"] == "name_taken"
+    assert response.status_code == 409
+    assert response.json()["code"] == "name_taken"
     services.stack_create(org=acme, name="Web")
     with pytest.raises(NameTaken):
         services.stack_create(org=acme, name="wEB")

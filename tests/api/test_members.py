@@ -26,7 +26,8 @@ def set_password_through(link: str, password: str) -> Client:
     """Follow the link as a browser: Django's confirm view, then the form; answers the logged-in client."""
     browser = Client()
     form_page = browser.get(urlsplit(link).path, follow=True)
-    assert form_page.status_code == 200 and form_page.context["validlink"], "the link should open the form"
+    assert form_page.status_code == 200
+    assert form_page.context["validlink"], "the link should open the form"
     done = browser.post(form_page.redirect_chain[-1][0], {"new_password1": password, "new_password2": password})
     assert done.status_code == 302
     return browser
@@ -83,7 +84,8 @@ def test_an_existing_user_is_invited_and_joins_only_on_accepting(
     owner_api: APIClient, outsider: User, outsider_api: APIClient, acme: Organization
 ) -> None:
     body = add(owner_api, "outsider", "admin")
-    assert body["http_status"] == 202 and body["status"] == "invited"
+    assert body["http_status"] == 202
+    assert body["status"] == "invited"
     assert not Membership.objects.filter(user=outsider, organization=acme).exists()
     assert outsider_api.get("/api/v1/orgs/acme").status_code == 404  # not a member yet
 

@@ -21,7 +21,7 @@ import pytest
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
-from playwright.sync_api import BrowserContext, Page, sync_playwright  # noqa: E402
+from playwright.sync_api import BrowserContext, Page, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [

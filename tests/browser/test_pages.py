@@ -10,8 +10,8 @@ from __future__ import annotations
 import base64
 import gzip
 import re
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth.models import User
@@ -193,7 +193,10 @@ def test_a_new_user_sets_a_password_and_an_invited_one_accepts(
     # cleo, now with an account, is invited to globex by a super-admin and says yes.
     root = APIClient()
     root.force_authenticate(people["root"])
-    assert root.post("/api/v1/orgs/globex/members", {"username": "cleo", "role": "member"}, format="json").status_code == 202
+    assert (
+        root.post("/api/v1/orgs/globex/members", {"username": "cleo", "role": "member"}, format="json").status_code
+        == 202
+    )
     page.goto("/orgs/globex/queue")
     assert page.locator("h1").inner_text() != "Queue"  # 404: not a member until she accepts
     page.goto("/invitations")

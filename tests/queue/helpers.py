@@ -42,7 +42,9 @@ def spend_budget(org: Organization) -> None:
         assert throttle.take(organization_id=org.id, rate=org.runs_per_hour_limit).allowed
 
 
-def bulk_backlog(org: Organization, *, stacks: int, queued_per_stack: int, selector: dict[str, str]) -> int:
+def bulk_backlog(
+    org: Organization, *, stacks: int, queued_per_stack: int, selector: dict[str, str], prefix: str = "bulk"
+) -> int:
     """``stacks`` stacks each holding one pending run and ``queued_per_stack`` queued behind it, in a few
     set-based statements (a read test and the benchmark need thousands; the services would take minutes).
 
@@ -64,7 +66,7 @@ def bulk_backlog(org: Organization, *, stacks: int, queued_per_stack: int, selec
             """
             WITH s AS (
                 INSERT INTO stack (organization_id, name, labels, spec, secrets, created_at)
-                SELECT %(org)s, 'bulk-' || i, %(labels)s::jsonb, %(spec)s::jsonb, '{}'::jsonb, now()
+                SELECT %(org)s, %(prefix)s || '-' || i, %(labels)s::jsonb, %(spec)s::jsonb, '{}'::jsonb, now()
                 FROM generate_series(1, %(stacks)s) i
                 RETURNING id
             ), d AS (
@@ -85,6 +87,7 @@ def bulk_backlog(org: Organization, *, stacks: int, queued_per_stack: int, selec
             """,
             {
                 "org": org.id,
+                "prefix": prefix,
                 "labels": labels,
                 "spec": json.dumps(SPEC),
                 "stacks": stacks,

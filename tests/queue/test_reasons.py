@@ -14,7 +14,7 @@ from gantry.core import services
 from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus, Stack
 from gantry.dispatch import queue
 from tests.dispatch.helpers import deploy, make_group, make_stack
-from tests.queue.helpers import poll, queue_of, reason_of, spend_budget
+from tests.queue.helpers import poll, reason_of, spend_budget
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_buckets")]
 
@@ -42,13 +42,15 @@ def test_waiting_for_lane(teammate_api: APIClient, stack: Stack, group: RunnerGr
 
     assert reason["code"] == "waiting_for_lane"
     assert reason["lane_holder_run_id"] == str(holder.id)
-    assert str(holder.id) in reason["detail"] and "web" in reason["detail"]
+    assert str(holder.id) in reason["detail"]
+    assert "web" in reason["detail"]
 
 
 def test_runner_booting(teammate_api: APIClient, stack: Stack, group: RunnerGroup) -> None:
     run = deploy(stack)
     claim = poll(group)
-    assert claim is not None and claim["run_id"] == str(run.id)
+    assert claim is not None
+    assert claim["run_id"] == str(run.id)
 
     reason = reason_of(teammate_api, run)
 
@@ -89,7 +91,8 @@ def test_no_matching_group(teammate_api: APIClient, acme: Organization, group: R
     assert reason["code"] == "no_matching_group"
     assert reason["closest_group_id"] == group.id  # linux lacks only gpu; mac lacks both
     assert reason["missing_labels"] == {"gpu": "a100"}
-    assert "linux" in reason["detail"] and "gpu=a100" in reason["detail"]
+    assert "linux" in reason["detail"]
+    assert "gpu=a100" in reason["detail"]
     assert poll(group) is None
 
 
@@ -138,7 +141,7 @@ def test_org_throttled(teammate_api: APIClient, acme: Organization, stack: Stack
     assert budget["throttled"] is True
     # The next slot is the budget API's, to the second (both read the same bucket a moment apart).
     assert abs(
-        (timezone.datetime.fromisoformat(reason["until"]) - timezone.datetime.fromisoformat(budget["next_slot_at"]))
+        timezone.datetime.fromisoformat(reason["until"]) - timezone.datetime.fromisoformat(budget["next_slot_at"])
     ) < timedelta(seconds=2)
     assert "1 runs per hour" in reason["detail"]
     assert poll(group) is None  # the claim is throttled too
@@ -200,7 +203,8 @@ def test_dispatchable(teammate_api: APIClient, stack: Stack, group: RunnerGroup)
     assert reason["group_ids"] == [group.id]
     # The next poll takes exactly this run.
     claim = poll(group)
-    assert claim is not None and claim["run_id"] == str(run.id)
+    assert claim is not None
+    assert claim["run_id"] == str(run.id)
 
 
 # ---------------------------------------------------------------- the ladder's order
@@ -220,7 +224,8 @@ def test_drained_comes_before_throttled_and_throttled_before_capacity(
 ) -> None:
     small = make_group(acme, "small", {"os": "linux"}, max_concurrent_runs=1)
     first = deploy(make_stack(acme, "first", {"os": "linux"}))
-    assert poll(small) is not None and Run.objects.get(id=first.id).status == RunStatus.ASSIGNED
+    assert poll(small) is not None
+    assert Run.objects.get(id=first.id).status == RunStatus.ASSIGNED
     services.org_set_runs_per_hour_limit(org=acme, limit=1)
     spend_budget(acme)
     services.runner_group_set_drained(group=small, drained=True)

@@ -16,6 +16,13 @@ The one other place that moves a run is the poll's claim
 """
 
 from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
+from gantry.core.services.members import (
+    PasswordLink,
+    invitation_accept,
+    invitation_decline,
+    password_link_reissue,
+    pending_invitations,
+)
 from gantry.core.services.runners import (
     RUNNER_METADATA,
     LostRunner,
@@ -38,13 +45,6 @@ from gantry.core.services.runs import (
     run_request_cancellation,
     run_reset_lease,
     run_startup_timeout,
-)
-from gantry.core.services.members import (
-    PasswordLink,
-    invitation_accept,
-    invitation_decline,
-    password_link_reissue,
-    pending_invitations,
 )
 from gantry.core.services.tenancy import (
     MemberChange,

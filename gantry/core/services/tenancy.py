@@ -8,8 +8,7 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Model
-from django.db.models import F
+from django.db.models import F, Model
 from rest_framework.authtoken.models import Token
 
 from gantry.core import specs, tokens
@@ -107,9 +106,7 @@ def membership_set(
         # Django's own rule (letters, digits and @ . + - _): no control or bidirectional-override characters.
         User.username_validator(username)
     except ValidationError:
-        raise InvalidRequest(
-            "username may contain only letters, digits and @ . + - _", field="username"
-        ) from None
+        raise InvalidRequest("username may contain only letters, digits and @ . + - _", field="username") from None
     with transaction.atomic():
         user = User.objects.filter(username=username).first()
         if user is None:

@@ -21,9 +21,8 @@ import json
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
-
 from functools import partial
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Exists, F
@@ -241,12 +240,10 @@ def terminate(
 
 def _record_finished(run: Run) -> None:
     # After commit: a rolled-back transition is never counted.
-    timings = {"pending_to_finished": (run.finished_at - run.first_pending_at).total_seconds()}
-    metrics.record_run(
-        organization_id=run.organization_id,
-        timings=timings if run.first_pending_at and run.finished_at else {},
-        finished=run.status,
-    )
+    timings = {}
+    if run.first_pending_at is not None and run.finished_at is not None:  # a run skipped while queued never pended
+        timings["pending_to_finished"] = (run.finished_at - run.first_pending_at).total_seconds()
+    metrics.record_run(organization_id=run.organization_id, timings=timings, finished=run.status)
 
 
 def lease_lapsed_filter(run_id: uuid.UUID, now: datetime) -> dict[str, Any]:

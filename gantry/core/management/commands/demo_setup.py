@@ -80,9 +80,7 @@ class Command(BaseCommand):
                 lines.append(f"organization {ORG_SLUG!r}: exists")
 
             # The operator's own command: no invitation for the admin user to accept.
-            change = services.membership_set(
-                org=org, username=options["admin"], role=Role.ADMIN, invite_existing=False
-            )
+            change = services.membership_set(org=org, username=options["admin"], role=Role.ADMIN, invite_existing=False)
             if change.created:
                 lines.append(f"user {options['admin']!r}: made an admin of {ORG_SLUG!r}")
             if change.api_token:
