@@ -428,6 +428,9 @@ def print_banner(
     curl -H '{auth}' '{base_url}/api/v1/runs/<run id>/logs?offset=0'
 
   Ctrl-C stops them all; runs in progress finish by themselves{stop}.
+
+  Queue page {base_url}/orgs/{DEMO_ORG}/queue
+  Log in as  {username} / {shown_password}
 """,
         flush=True,
     )

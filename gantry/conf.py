@@ -34,6 +34,8 @@ class GantryConf:
     dispatch_max_per_org: int
     log_max_bytes: int
     poll_max_wait: int
+    # A group none of whose coordinators polled for this long looks offline (the queue's no_runner_polling).
+    poll_stale_after: int
 
     def check(self) -> None:
         if self.stub_cutoff <= self.assignment_ttl:
@@ -58,6 +60,7 @@ def get() -> GantryConf:
         dispatch_max_per_org=envint("GANTRY_DISPATCH_MAX_PER_ORG", 50, minimum=1),
         log_max_bytes=envint("GANTRY_LOG_MAX_BYTES", 256 * 1024 * 1024, minimum=1024),
         poll_max_wait=envint("GANTRY_POLL_MAX_WAIT", 30, minimum=0, maximum=300),
+        poll_stale_after=envint("GANTRY_POLL_STALE_AFTER", 60, minimum=1),
     )
     conf.check()
     return conf

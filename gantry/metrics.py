@@ -9,6 +9,14 @@ totals, summed over every worker that ever swept. The hash is keyed by the
 database name, so installations (and test databases) sharing one Redis keep
 apart. Recording and reading both fail open: a Redis outage loses figures,
 never a sweep or a scrape.
+
+Run timings (pending → claimed, claimed → accepted, pending → finished) and
+finished runs by outcome are kept the same way, in a second hash, recorded
+after the transition commits; their org label is resolved to the slug at
+scrape time. They and the queue's database-derived gauges
+(``gantry.dispatch.demand``) live on :data:`SCRAPE_REGISTRY`, which only
+``/metrics`` reads, so sampling the default registry never touches Redis or
+the database for them.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from collections.abc import Iterable, Mapping
 import redis
 from django.db import connections
 from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from gantry import redis as gantry_redis
 
@@ -116,3 +124,78 @@ def register() -> None:
     if not _registered:
         REGISTRY.register(_collector)
         _registered = True
+
+
+# ---------------------------------------------------------------- run timings
+
+# Read by /metrics only (besides the default registry): collectors that cost a query.
+SCRAPE_REGISTRY = CollectorRegistry(auto_describe=False)
+
+RUN_TIMINGS: dict[str, str] = {
+    "pending_to_claimed": "From the run first becoming pending to a poll claiming it.",
+    "claimed_to_accepted": "From the claim to the runner's accept (the runner's start-up).",
+    "pending_to_finished": "From the run first becoming pending to its end, any outcome.",
+}
+# Waits run from a second to hours (a throttled org, a full group).
+RUN_BUCKETS: tuple[float, ...] = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+FINISHED_OUTCOMES = ("succeeded", "failure", "cancelled", "discarded", "startup_timeout")
+
+
+def _runs_key() -> str:
+    return f"gantry:metrics:{connections['default'].settings_dict['NAME']}:runs"
+
+
+def record_run(*, organization_id: int, timings: Mapping[str, float], finished: str | None = None) -> None:
+    """Add one transition's figures: seconds per timing name, and a finished run's outcome. Fails open."""
+    try:
+        pipe = gantry_redis.client().pipeline(transaction=False)
+        for name, seconds in timings.items():
+            seconds = max(0.0, seconds)
+            bucket = next((i for i, le in enumerate(RUN_BUCKETS) if seconds <= le), len(RUN_BUCKETS))
+            pipe.hincrby(_runs_key(), f"bucket|{name}|{organization_id}|{bucket}", 1)
+            pipe.hincrbyfloat(_runs_key(), f"sum|{name}|{organization_id}", seconds)
+        if finished is not None:
+            pipe.hincrby(_runs_key(), f"finished|{organization_id}|{finished}", 1)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("run metrics not recorded: %s", exc, extra={"event": "metrics.record_failed"})
+
+
+class RunCollector(Collector):
+    """Reads the run timings and finished counts from Redis at scrape time, labelled by org slug."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        from gantry.core.models import Organization  # the app registry is ready by the first scrape
+
+        try:
+            raw = gantry_redis.client().hgetall(_runs_key())
+        except redis.RedisError as exc:
+            log.warning("run metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
+            return []
+        values = {_text(k): _text(v) for k, v in raw.items()}
+        slugs = {str(i): s for i, s in Organization.objects.values_list("id", "slug")}
+        finished = CounterMetricFamily(
+            "gantry_runs_finished",
+            "Runs that reached a terminal status, by org and outcome.",
+            labels=["org", "outcome"],
+        )
+        for org_id, slug in slugs.items():
+            for outcome in FINISHED_OUTCOMES:
+                finished.add_metric([slug, outcome], float(values.get(f"finished|{org_id}|{outcome}", 0)))
+        families: list[Metric] = [finished]
+        for name, doc in RUN_TIMINGS.items():
+            hist = HistogramMetricFamily(f"gantry_run_{name}_seconds", doc, labels=["org"])
+            for org_id, slug in slugs.items():
+                cumulative, buckets = 0.0, []
+                for i, le in enumerate((*RUN_BUCKETS, math.inf)):
+                    cumulative += float(values.get(f"bucket|{name}|{org_id}|{i}", 0))
+                    buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+                hist.add_metric([slug], buckets, sum_value=float(values.get(f"sum|{name}|{org_id}", 0)))
+            families.append(hist)
+        return families
+
+
+SCRAPE_REGISTRY.register(RunCollector())

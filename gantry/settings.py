@@ -57,6 +57,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so it times everything below it (docs/queue.md, "Metrics").
+    "gantry.web.http_metrics.HttpMetricsMiddleware",
     # First: a body over the limit is refused before anything could read it.
     "gantry.web.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -163,6 +165,13 @@ if GANTRY_S3_ADDRESSING_STYLE not in ("auto", "path", "virtual"):
 # A live log push carries up to 2 MiB of gzip as base64 in JSON (~2.8 MB),
 # over Django's default of 2.5 MB; the push validates its own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+
+# The pages (gantry/web): log in, and a new user's one-time set-password link (Django's
+# password-reset token), valid this many seconds.
+LOGIN_URL = "web:login"
+LOGIN_REDIRECT_URL = "web:home"
+LOGOUT_REDIRECT_URL = "web:login"
+PASSWORD_RESET_TIMEOUT = envint("GANTRY_PASSWORD_LINK_TTL", 3 * 24 * 3600, minimum=60)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

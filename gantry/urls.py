@@ -9,6 +9,8 @@ urlpatterns = [
     path("healthz", ops.healthz),
     path("readyz", ops.readyz),
     path("metrics", ops.metrics),
+    # The pages: the queue, runs, runner groups, login (gantry/web/urls.py).
+    path("", include("gantry.web.urls")),
 ]
 
 # JSON errors for API paths that match no route (or crash), in the contract's shape.

@@ -75,6 +75,31 @@ class MemberCreatedSerializer(MemberSerializer):
     token = serializers.CharField(
         required=False, help_text="The new user's API token; present only when this call created the user."
     )
+    set_password_url = serializers.URLField(
+        required=False,
+        help_text="A one-time link for the new user to set a password and log in; shown once, valid until "
+        "set_password_expires_at (GANTRY_PASSWORD_LINK_TTL). Present only when this call created the user.",
+    )
+    set_password_expires_at = serializers.DateTimeField(required=False)
+
+
+class MemberInvitedSerializer(MemberSerializer):
+    invitation_id = serializers.IntegerField(help_text="The invitation the user accepts (or declines).")
+    status = serializers.ChoiceField(choices=["invited"], help_text="Pending until the invited user accepts.")
+
+
+class PasswordLinkSerializer(serializers.Serializer):
+    set_password_url = serializers.URLField(help_text="One-time link; every earlier one stops working.")
+    set_password_expires_at = serializers.DateTimeField()
+
+
+class InvitationSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    org = serializers.CharField(source="organization.slug")
+    org_name = serializers.CharField(source="organization.name")
+    role = serializers.ChoiceField(choices=Role.choices)
+    invited_by = serializers.CharField(source="invited_by.username", allow_null=True, default=None)
+    created_at = serializers.DateTimeField()
 
 
 class RunnerGroupSerializer(serializers.ModelSerializer):
@@ -179,19 +204,33 @@ class RunRefSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class RunAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Run
+        fields = ["id", "attempt", "status", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
 class DeploymentSerializer(serializers.ModelSerializer):
     run = serializers.SerializerMethodField()
+    runs = serializers.SerializerMethodField()
     stack_id = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Deployment
-        fields = ["id", "status", "stack_id", "spec", "run", "created_at", "updated_at"]
+        fields = ["id", "status", "stack_id", "spec", "run", "runs", "created_at", "updated_at"]
         read_only_fields = fields
 
+    @extend_schema_field(RunRefSerializer(allow_null=True))
     def get_run(self, deployment: Deployment) -> dict[str, Any] | None:
         # The newest attempt; from the prefetch cache when the view prefetched runs.
         run = max(deployment.runs.all(), key=lambda r: r.attempt, default=None)
         return RunRefSerializer(run).data if run else None
+
+    @extend_schema_field(RunAttemptSerializer(many=True))
+    def get_runs(self, deployment: Deployment) -> list[dict[str, Any]]:
+        # Every attempt, oldest first: a retried deployment's earlier runs stay reachable.
+        return list(RunAttemptSerializer(sorted(deployment.runs.all(), key=lambda r: r.attempt), many=True).data)
 
 
 class DeploymentCreateSerializer(serializers.Serializer):

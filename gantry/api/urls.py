@@ -2,6 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
 from gantry.api import budget_views as bv
+from gantry.api import queue_views as qv
 from gantry.api import runner_admin_views as rav
 from gantry.api import runner_views as rv
 from gantry.api import views as v
@@ -12,14 +13,21 @@ urlpatterns = [
     path("orgs", v.OrgListView.as_view()),
     path("orgs/<slug:org>", v.OrgDetailView.as_view()),
     path("orgs/<slug:org>/members", v.MemberListView.as_view()),
+    path("orgs/<slug:org>/members/<str:username>/password-link", v.MemberPasswordLinkView.as_view()),
+    path("invitations", v.InvitationListView.as_view()),
+    path("invitations/<int:pk>/accept", v.InvitationAcceptView.as_view()),
+    path("invitations/<int:pk>/decline", v.InvitationDeclineView.as_view()),
     path("orgs/<slug:org>/runner-groups", v.RunnerGroupListView.as_view()),
     path("orgs/<slug:org>/stacks", v.StackListView.as_view()),
     path("orgs/<slug:org>/runs-per-hour-limit", v.RunsPerHourLimitView.as_view()),
     path("orgs/<slug:org>/dispatch-budget", bv.DispatchBudgetView.as_view()),
+    path("orgs/<slug:org>/queue", qv.QueueView.as_view()),
+    path("orgs/<slug:org>/runs", qv.RunListView.as_view()),
     # The two-phase protocol: runner-group and runner calls.
     path("runner-groups/poll", rv.PollView.as_view()),
     path("runner-groups/dispatch-failed", rv.DispatchFailedView.as_view()),
     path("runner-groups/reconcile", rv.ReconcileView.as_view()),
+    path("runner-groups/demand", qv.DemandView.as_view()),
     path("runners/<uuid:runner_id>/ready", rv.ReadyView.as_view()),
     path("runners/<uuid:runner_id>/deregister", rv.DeregisterView.as_view()),
     path("runs/<uuid:run_id>/accept", rv.AcceptView.as_view()),

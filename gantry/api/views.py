@@ -94,22 +94,90 @@ class MemberListView(UserView):
         request=s.MemberSerializer,
         responses={
             201: s.MemberCreatedSerializer,
+            202: OpenApiResponse(s.MemberInvitedSerializer, description="an existing user was invited"),
             200: OpenApiResponse(s.MemberSerializer, description="role of an existing member changed"),
             **user_errors(400, 401, 403, 404),
         },
-        description="Add a user (created if new) with a role, or change a member's role (org admin). "
-        "A user created by this call gets an API token in the answer, shown once.",
+        description="Add a user (created if new) with a role, or change a member's role (org admin). A user "
+        "created by this call is a member at once; the answer carries their API token and a one-time link to set "
+        "a password, shown once. Someone who already has an account is invited instead (202): they join once "
+        "they accept (POST /invitations/{id}/accept). Usernames follow Django's rule: letters, digits, @ . + - _.",
     )
     def post(self, request: Request, org: str) -> Response:
         organization = org_for(request, org, admin=True)
         data = validated(s.MemberSerializer, request)
-        membership, created, api_token = services.membership_set(
-            org=organization, username=data["username"], role=data["role"]
+        change = services.membership_set(
+            org=organization, username=data["username"], role=data["role"], by=user_of(request)
         )
-        body: dict[str, Any] = {"username": membership.user.get_username(), "role": membership.role}
-        if api_token:
-            body["token"] = api_token
-        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        if change.invitation is not None:
+            body: dict[str, Any] = {
+                "username": data["username"],
+                "role": change.invitation.role,
+                "invitation_id": change.invitation.id,
+                "status": "invited",
+            }
+            return Response(body, status=status.HTTP_202_ACCEPTED)
+        assert change.membership is not None
+        body = {"username": change.membership.user.get_username(), "role": change.membership.role}
+        if change.api_token:
+            body["token"] = change.api_token
+        if change.password_link is not None:
+            body["set_password_url"] = request.build_absolute_uri(change.password_link.path)
+            body["set_password_expires_at"] = change.password_link.expires_at
+        return Response(
+            s.MemberCreatedSerializer(body).data,
+            status=status.HTTP_201_CREATED if change.created else status.HTTP_200_OK,
+        )
+
+
+class MemberPasswordLinkView(UserView):
+    @extend_schema(
+        operation_id="orgs_members_password_link",
+        request=None,
+        responses={200: s.PasswordLinkSerializer, **user_errors(401, 403, 404, 409)},
+        description="Re-issue a member's one-time set-password link (org admin); earlier links stop working. Only "
+        "for an account whose password was never set (409 account_claimed otherwise) and that belongs to no org "
+        "the caller does not administer (403).",
+    )
+    def post(self, request: Request, org: str, username: str) -> Response:
+        organization = org_for(request, org, admin=True)
+        link = services.password_link_reissue(org=organization, username=username, by=user_of(request))
+        body = {"set_password_url": request.build_absolute_uri(link.path), "set_password_expires_at": link.expires_at}
+        return Response(s.PasswordLinkSerializer(body).data)
+
+
+class InvitationListView(UserView):
+    @extend_schema(
+        operation_id="invitations_list",
+        responses={200: s.InvitationSerializer(many=True), **user_errors(401, 403)},
+        description="Your pending invitations (any user).",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(s.InvitationSerializer(services.pending_invitations(user_of(request)), many=True).data)
+
+
+@extend_schema_view(post=extend_schema(operation_id="invitations_accept"))
+class InvitationAcceptView(UserView):
+    accept = True
+
+    @extend_schema(
+        request=None,
+        responses={200: s.MemberSerializer, 204: None, **user_errors(401, 403, 404)},
+        description="Accept (200, the membership) or decline (204) one of your pending invitations; another "
+        "user's invitation is 404.",
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        user = user_of(request)
+        if not self.accept:
+            services.invitation_decline(invitation_id=pk, user=user)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        membership = services.invitation_accept(invitation_id=pk, user=user)
+        return Response({"username": user.get_username(), "role": membership.role})
+
+
+@extend_schema_view(post=extend_schema(operation_id="invitations_decline"))
+class InvitationDeclineView(InvitationAcceptView):
+    accept = False
 
 
 # ---------------------------------------------------------------- runner groups

@@ -36,6 +36,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from gantry.core import services, specs
+from gantry.core.admin_display import NoCreatedAtOnAdd, RunColumns, seconds
 from gantry.core.errors import GantryError, InvalidRequest
 from gantry.core.models import (
     Deployment,
@@ -238,7 +239,9 @@ def _check_unique_name(form: forms.ModelForm, model: type[Model]) -> None:
     if (
         name
         and org_id
-        and model._default_manager.filter(organization_id=org_id, name=name).exclude(pk=form.instance.pk).exists()
+        and model._default_manager.filter(organization_id=org_id, name__iexact=name)
+        .exclude(pk=form.instance.pk)
+        .exists()
     ):
         form.add_error("name", f"A {model._meta.verbose_name} named {name!r} exists in this organization.")
 
@@ -265,7 +268,13 @@ class MembershipInline(admin.TabularInline):
     model = Membership
     form = MembershipForm
     extra = 0
-    readonly_fields = ["created_at"]
+    fields = ["user", "role", "joined"]
+    readonly_fields = ["joined"]
+
+    @admin.display(description="joined")
+    def joined(self, membership: Membership) -> str:
+        # An unsaved row's created_at is the database default's marker, not a time.
+        return seconds(membership.created_at) if membership.pk else "-"
 
     def _allowed(self, request: HttpRequest, obj: Any) -> bool:
         return _allowed(request, obj, "pk")  # obj is the parent Organization
@@ -306,7 +315,7 @@ SYSTEM_ORG_FIELDS = ("dispatch_throttled_until", "created_at")
 
 
 @admin.register(Organization)
-class OrganizationAdmin(ScopedAdmin):
+class OrganizationAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     org_path = "pk"
     form = OrganizationForm
     inlines = [MembershipInline]
@@ -357,8 +366,15 @@ class OrganizationAdmin(ScopedAdmin):
         for membership in formset.deleted_objects:
             membership.delete()
         for membership in [*formset.new_objects, *(m for m, _ in formset.changed_objects)]:
-            # membership_set also makes a new org admin staff, so the grant works here.
-            services.membership_set(org=form.instance, username=membership.user.username, role=membership.role)
+            # membership_set also makes a new org admin staff, so the grant works here; someone not yet
+            # a member is invited (they join once they accept), never attached without consent.
+            result = services.membership_set(
+                org=form.instance, username=membership.user.username, role=membership.role, by=_acting_user(request)
+            )
+            if result.invitation is not None:
+                self.message_user(
+                    request, f"Invited {membership.user.username}: they join once they accept.", messages.INFO
+                )
 
 
 # --------------------------------------------------------------------------
@@ -392,7 +408,7 @@ class RunnerGroupForm(forms.ModelForm):
 
 
 @admin.register(RunnerGroup)
-class RunnerGroupAdmin(ScopedAdmin):
+class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     form = RunnerGroupForm
     fields = [
         "organization",
@@ -486,7 +502,7 @@ class RunnerAdmin(ReadOnlyScopedAdmin):
     org_path = "runner_group__organization"
     list_display = ["id", "runner_group", "status", "launcher", "hostname", "created_at", "last_seen_at"]
     list_filter = ["status", ("runner_group", admin.RelatedOnlyFieldListFilter)]
-    list_select_related = ["runner_group"]
+    list_select_related = ["runner_group__organization"]
     search_fields = ["=id", "hostname", "runner_group__name", "runner_group__organization__slug"]
     ordering = ["-created_at"]
     actions = ["force_delete"]
@@ -558,7 +574,7 @@ class StackForm(forms.ModelForm):
 
 
 @admin.register(Stack)
-class StackAdmin(ScopedAdmin):
+class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     form = StackForm
     fields = ["organization", *STACK_FIELDS, "secret_names", "secrets_update", "created_at"]
     # No secrets here: list views show names only (see secret_names).
@@ -651,12 +667,17 @@ class DeploymentAdmin(ReadOnlyScopedAdmin):
 class RunEventInline(ReadOnlyInline):
     model = RunEvent
     parent_org_path = "organization"  # the parent is a Run
-    fields = ["at", "kind", "detail"]
+    fields = ["when", "kind", "detail"]
+    readonly_fields = ["when"]
     ordering = ["at", "id"]
+
+    @admin.display(description="at")
+    def when(self, event: RunEvent) -> str:
+        return seconds(event.at)
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnlyScopedAdmin):
+class RunAdmin(RunColumns, ReadOnlyScopedAdmin):
     inlines = [RunEventInline]
     list_display = [
         "id",
@@ -665,6 +686,8 @@ class RunAdmin(ReadOnlyScopedAdmin):
         "stack",
         "deployment",
         "attempt",
+        "runner_group",
+        "reason",
         "first_pending_at",
         "started_at",
         "finished_at",

@@ -219,6 +219,12 @@ class NameTaken(Conflict):
     code = "name_taken"
 
 
+class AccountClaimed(Conflict):
+    """Re-issuing a set-password link for a user who has set a password already (a super-admin resets those)."""
+
+    code = "account_claimed"
+
+
 class RunnerBusy(Conflict):
     """Ready from a runner that has already accepted its run."""
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models import F, Q
+from django.db.models.functions import Lower, Now
 
 
 class Role(models.TextChoices):
@@ -77,6 +77,8 @@ RUNNER_BOUND = frozenset(
 # Started and not finished: the runner is executing (or stopping) it.
 EXECUTING = frozenset({RunStatus.RUNNING, RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 NEVER_STARTED = frozenset({RunStatus.QUEUED, RunStatus.PENDING, RunStatus.ASSIGNED})
+# The runs the queue page lists as waiting: never started (the same set, named for its use).
+WAITING = NEVER_STARTED
 
 # A deployment's status follows its newest run.
 DEPLOYMENT_STATUS_FOR_RUN: dict[str, str] = {
@@ -138,8 +140,34 @@ class Membership(models.Model):
         return f"{self.user} in {self.organization} ({self.role})"
 
 
+class Invitation(models.Model):
+    """An org's offer of a role to an existing user, pending until that user accepts or declines it.
+
+    Attaching someone who already has an account never happens without their
+    consent (docs/api.md, "Members"); a user created by the org gets a
+    membership at once instead. Accepting creates the membership and deletes
+    the invitation; declining deletes it.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "invitation"
+        ordering = ["created_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["user", "organization"], name="invitation_user_org_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.organization} ({self.role})"
+
+
 class RunnerGroup(models.Model):
-    # No index of its own: the unique (organization, name) index serves it.
+    # No index of its own: the unique (organization, lower(name)) index serves it.
     organization = models.ForeignKey(
         Organization, on_delete=models.CASCADE, related_name="runner_groups", db_index=False
     )
@@ -169,10 +197,12 @@ class RunnerGroup(models.Model):
     class Meta:
         db_table = "runner_group"
         ordering = ["organization_id", "name"]
-        constraints = [models.UniqueConstraint(fields=["organization", "name"], name="runner_group_org_name_uniq")]
+        # Unique within the org whatever the case ("Linux" and "linux" are one name to a person).
+        constraints = [models.UniqueConstraint(F("organization"), Lower("name"), name="runner_group_org_name_ci_uniq")]
 
     def __str__(self) -> str:
-        return f"{self.organization_id}/{self.name}"
+        # Titled by org slug (callers that list groups select_related the organization).
+        return f"{self.organization.slug}/{self.name}"
 
     # Written only by set-based statements (claim, rotate, trigger, dispatch
     # errors). A plain save() of a form-loaded instance must never write back
@@ -230,7 +260,7 @@ class Stack(models.Model):
     class Meta:
         db_table = "stack"
         ordering = ["organization_id", "name"]
-        constraints = [models.UniqueConstraint(fields=["organization", "name"], name="stack_org_name_uniq")]
+        constraints = [models.UniqueConstraint(F("organization"), Lower("name"), name="stack_org_name_ci_uniq")]
 
     def __str__(self) -> str:
         return self.name
@@ -277,7 +307,8 @@ class RunSelector(models.Model):
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runs")
+    # No index of its own: run_org_created_idx (organization, created_at, id) serves it.
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runs", db_index=False)
     stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="runs")
     # No index of its own: the unique (deployment, attempt) index serves it,
     # and the latest attempt (a backward scan of it). Every index of run is
@@ -338,6 +369,17 @@ class Run(models.Model):
                 condition=Q(status=RunStatus.QUEUED),
                 name="run_queued_stack_idx",
             ),
+            # The queue read (gantry.dispatch.queue): an org's waiting runs, oldest
+            # first, one index range per status merged in order; and capped counts
+            # per status for /metrics. Finished history never enters it.
+            models.Index(
+                fields=["organization", "status", "created_at", "id"],
+                condition=_in("status", WAITING),
+                name="run_waiting_idx",
+            ),
+            # An org's runs newest first (GET /orgs/{org}/runs, the queue page's
+            # history); it also serves the organization foreign key.
+            models.Index(fields=["organization", "created_at", "id"], name="run_org_created_idx"),
         ]
 
     def __str__(self) -> str:

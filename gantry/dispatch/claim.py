@@ -71,7 +71,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.utils import timezone
 
-from gantry import conf
+from gantry import conf, metrics
 from gantry.core import tokens
 from gantry.core.models import Organization, RunnerGroup
 from gantry.dispatch import throttle
@@ -142,7 +142,7 @@ assigned AS (
                    assigned_expires_at = %(expires)s, updated_at = %(now)s
     FROM picked, stub
     WHERE run.id = picked.id
-    RETURNING run.id
+    RETURNING run.id, run.first_pending_at
 ),
 event AS (
     INSERT INTO run_event (run_id, at, kind, detail)
@@ -158,7 +158,9 @@ stamp AS (
 )
 -- The rate comes back with the run: the throttle needs it, and reading it here
 -- costs no round trip.
-SELECT assigned.id, o.runs_per_hour_limit FROM assigned JOIN organization o ON o.id = %(org_id)s::bigint
+-- first_pending_at: for the pending -> claimed histogram, recorded after commit.
+SELECT assigned.id, o.runs_per_hour_limit, assigned.first_pending_at
+FROM assigned JOIN organization o ON o.id = %(org_id)s::bigint
 """
 
 # The statement is PREPAREd once per database session and then EXECUTEd:
@@ -360,6 +362,10 @@ def claim(*, group: RunnerGroup, now: datetime | None = None, raise_throttled: b
     if row is None or outcome is None:
         return None  # no run, or lost the race: Redis was never asked
     throttle.record(outcome)
+    if row[2] is not None:
+        metrics.record_run(
+            organization_id=group.organization_id, timings={"pending_to_claimed": (now - row[2]).total_seconds()}
+        )
     return Claim(
         run_id=row[0],
         runner_id=runner_id,

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from gantry import metrics as gantry_metrics
+
+log = logging.getLogger("gantry.metrics")
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -48,4 +54,10 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+    """Prometheus text: the in-process metrics, then the ones computed at scrape time (docs/queue.md)."""
+    body = generate_latest(REGISTRY)
+    try:
+        body += generate_latest(gantry_metrics.SCRAPE_REGISTRY)
+    except Exception as exc:  # the database is down: still serve what this process knows
+        log.warning("scrape-time metrics unavailable: %s", exc, extra={"event": "metrics.scrape_failed"})
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -98,11 +98,15 @@ def test_it_changes_a_members_role_without_a_new_token(owner_api: APIClient, tea
     assert {"username": "teammate", "role": "admin"} in listed
 
 
-def test_it_adds_an_existing_user_of_another_org(owner_api: APIClient, outsider: User) -> None:
+def test_it_invites_an_existing_user_of_another_org_instead_of_attaching_them(
+    owner_api: APIClient, outsider: User
+) -> None:
     response = owner_api.post("/api/v1/orgs/acme/members", {"username": "outsider", "role": "member"}, format="json")
-    assert response.status_code == 201
+    assert response.status_code == 202
+    assert response.json()["status"] == "invited"
     assert "token" not in response.json()
-    assert Membership.objects.filter(user=outsider).count() == 2
+    # Not a member until they accept (tests/api/test_members.py).
+    assert Membership.objects.filter(user=outsider).count() == 1
 
 
 def test_it_rejects_a_bad_role(owner_api: APIClient) -> None:

@@ -9,12 +9,20 @@ services``); the functions live in one module per concern:
 - ``deployments`` — queue, skip, retry
 - ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete, a group's reconcile
 - ``tenancy`` — organizations, memberships, runner groups, stacks
+- ``members`` — invitations an existing user accepts, set-password links
 
 The one other place that moves a run is the poll's claim
 (``gantry.dispatch.claim``): pending → assigned, in one SQL statement.
 """
 
 from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
+from gantry.core.services.members import (
+    PasswordLink,
+    invitation_accept,
+    invitation_decline,
+    password_link_reissue,
+    pending_invitations,
+)
 from gantry.core.services.runners import (
     RUNNER_METADATA,
     STOP_LEASE_LAPSED,
@@ -50,6 +58,7 @@ from gantry.core.services.runs import (
     run_startup_timeout,
 )
 from gantry.core.services.tenancy import (
+    MemberChange,
     membership_set,
     org_create,
     org_set_runs_per_hour_limit,
@@ -76,6 +85,8 @@ __all__ = [
     "WORKER_RUNNING",
     "WORKER_STATES",
     "LostRunner",
+    "MemberChange",
+    "PasswordLink",
     "Reconciled",
     "StopOrder",
     "WorkerReport",
@@ -85,11 +96,15 @@ __all__ = [
     "dispatch_failed",
     "group_reconcile",
     "holds_run_sql",
+    "invitation_accept",
+    "invitation_decline",
     "membership_set",
     "notify_claimable",
     "org_create",
     "org_set_runs_per_hour_limit",
     "org_update",
+    "password_link_reissue",
+    "pending_invitations",
     "run_accept",
     "run_acknowledge_cancel",
     "run_assign",

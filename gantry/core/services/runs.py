@@ -17,7 +17,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from gantry import conf
+from gantry import conf, metrics
 from gantry.core import secrets as stack_secrets
 from gantry.core import tokens
 from gantry.core.errors import (
@@ -119,6 +119,13 @@ def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None 
             write_event(run_id, "accepted", now, runner_id=str(runner_id))
             run = Run.objects.get(id=run_id)
             sync_deployment(run, now)
+            if run.assigned_at is not None:
+                started = (now - run.assigned_at).total_seconds()
+                transaction.on_commit(
+                    lambda: metrics.record_run(
+                        organization_id=run.organization_id, timings={"claimed_to_accepted": started}
+                    )
+                )
             return run, api_token
     raise _accept_refusal(run_id=run_id, runner_id=runner_id, now=now)
 

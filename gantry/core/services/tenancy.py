@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from django.contrib.auth import get_user_model
-from django.db import transaction
-from django.db.models import F
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F, Model
 from rest_framework.authtoken.models import Token
 
 from gantry.core import secrets as stack_secrets
 from gantry.core import specs, tokens
 from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken
 from gantry.core.models import (
+    Invitation,
     Membership,
     Organization,
     Role,
     RunnerGroup,
     Stack,
 )
+from gantry.core.services import members
 from gantry.core.services.transitions import (
     notify_claimable,
 )
+
+M = TypeVar("M", bound=Model)
 
 
 def org_create(*, slug: str, name: str) -> Organization:
@@ -70,41 +76,65 @@ def org_set_runs_per_hour_limit(*, org: Organization, limit: int) -> Organizatio
     return org
 
 
-def membership_set(*, org: Organization, username: str, role: str) -> tuple[Membership, bool, str | None]:
-    """Add ``username`` (created if new) to ``org`` with ``role``, or change its role.
+@dataclass(frozen=True)
+class MemberChange:
+    """What ``membership_set`` did: a membership (new or changed) or, for someone who already has an
+    account, an invitation they must accept; and, for a user it created, an API token and a set-password link."""
 
-    Returns the membership, whether it is new, and an API token when the user
-    was created here (so the caller can hand it over once).
+    membership: Membership | None
+    invitation: Invitation | None
+    created: bool
+    api_token: str | None = None
+    password_link: members.PasswordLink | None = None
+
+
+def membership_set(
+    *, org: Organization, username: str, role: str, by: User | None = None, invite_existing: bool = True
+) -> MemberChange:
+    """Add ``username`` to ``org`` with ``role``, or change a member's role.
+
+    An unknown username becomes a new user (no password yet: the answer's
+    link sets one) and a member at once. An existing user who is not a
+    member is *invited* (members.py): nobody is attached to an org without
+    their consent. ``invite_existing=False`` is for an operator's own command
+    (``demo_setup``), where the consent is the operator's.
     """
     if role not in Role.values:
         raise InvalidRequest(f"role must be one of: {', '.join(Role.values)}")
     if not isinstance(username, str) or not username.strip() or len(username) > 150:
         raise InvalidRequest("username must be a non-empty string of at most 150 characters")
-    User = get_user_model()
+    try:
+        # Django's own rule (letters, digits and @ . + - _): no control or bidirectional-override characters.
+        User.username_validator(username)
+    except ValidationError:
+        raise InvalidRequest("username may contain only letters, digits and @ . + - _", field="username") from None
     with transaction.atomic():
-        user, user_created = User.objects.get_or_create(username=username)
-        if user_created:
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-        membership, created = Membership.objects.get_or_create(user=user, organization=org, defaults={"role": role})
-        if not created and membership.role != role:
-            membership.role = role
-            membership.save(update_fields=["role"])
-        if role == Role.ADMIN and not user.is_staff:
-            # Org admins work in the Django admin too (scoped to their orgs).
-            user.is_staff = True
-            user.save(update_fields=["is_staff"])
-        api_token = Token.objects.create(user=user).key if user_created else None
-    return membership, created, api_token
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            user = User.objects.create_user(username=username)  # no password: unusable until the link sets one
+            membership, _ = members.grant(org=org, user=user, role=role)
+            return MemberChange(
+                membership=membership,
+                invitation=None,
+                created=True,
+                api_token=Token.objects.create(user=user).key,
+                password_link=members.password_link(user),
+            )
+        if invite_existing and not Membership.objects.filter(user=user, organization=org).exists():
+            return MemberChange(
+                membership=None, invitation=members.invitation_set(org=org, user=user, role=role, by=by), created=False
+            )
+        membership, created = members.grant(org=org, user=user, role=role)
+    return MemberChange(membership=membership, invitation=None, created=created)
 
 
 def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple[RunnerGroup, str]:
     """Create a group; returns it with its token (shown once, never stored)."""
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
-    if RunnerGroup.objects.filter(organization=org, name=name).exists():
-        raise NameTaken(f"a runner group named {name!r} exists in this organization")
-    group = RunnerGroup.objects.create(organization=org, name=name, **fields)
+    if RunnerGroup.objects.filter(organization=org, name__iexact=name).exists():
+        raise NameTaken(f"a runner group named {name!r} exists in this organization (names ignore case)")
+    group = _create_named(RunnerGroup, "runner group", organization=org, name=name, **fields)
     return group, tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
 
 
@@ -113,7 +143,7 @@ def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
     if (
         "name" in fields
-        and RunnerGroup.objects.filter(organization_id=group.organization_id, name=fields["name"])
+        and RunnerGroup.objects.filter(organization_id=group.organization_id, name__iexact=fields["name"])
         .exclude(id=group.id)
         .exists()
     ):
@@ -143,9 +173,11 @@ def runner_group_set_drained(*, group: RunnerGroup, drained: bool) -> RunnerGrou
 
 
 def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any = None, secrets: Any = None) -> Stack:
-    if Stack.objects.filter(organization=org, name=name).exists():
-        raise NameTaken(f"a stack named {name!r} exists in this organization")
-    return Stack.objects.create(
+    if Stack.objects.filter(organization=org, name__iexact=name).exists():
+        raise NameTaken(f"a stack named {name!r} exists in this organization (names ignore case)")
+    return _create_named(
+        Stack,
+        "stack",
         organization=org,
         name=name,
         labels=specs.validate_stack_labels(labels or {}),
@@ -164,7 +196,7 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
         fields["secrets"] = stack_secrets.seal(specs.validate_secrets(fields["secrets"]))
     if (
         "name" in fields
-        and Stack.objects.filter(organization_id=stack.organization_id, name=fields["name"])
+        and Stack.objects.filter(organization_id=stack.organization_id, name__iexact=fields["name"])
         .exclude(id=stack.id)
         .exists()
     ):
@@ -186,3 +218,14 @@ def stack_set_secrets(*, stack: Stack, changes: dict[str, str | None]) -> Stack:
     stack.secrets = {**kept, **stack_secrets.seal(new)}
     stack.save(update_fields=["secrets"])
     return stack
+
+
+def _create_named(model: type[M], noun: str, **fields: Any) -> M:
+    """Create a named row; a concurrent create of the same name (any case) is NameTaken, not a 500."""
+    try:
+        with transaction.atomic():
+            return model._default_manager.create(**fields)
+    except IntegrityError as exc:
+        if "_name_ci_uniq" not in str(exc):
+            raise
+        raise NameTaken(f"a {noun} named {fields['name']!r} exists in this organization (names ignore case)") from None

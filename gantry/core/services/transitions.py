@@ -21,6 +21,7 @@ import json
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
@@ -28,6 +29,7 @@ from django.db.models import Exists, F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from gantry import metrics
 from gantry.core.errors import InvalidTransition, NotFound, RunTerminal
 from gantry.core.models import (
     DEPLOYMENT_STATUS_FOR_RUN,
@@ -232,7 +234,16 @@ def terminate(
         )
         RunToken.objects.filter(run_id=run_id, revoked_at__isnull=True).update(revoked_at=now)
         stack_promote_next(stack_id=stack_id, now=now)
+        transaction.on_commit(partial(_record_finished, run))
     return run
+
+
+def _record_finished(run: Run) -> None:
+    # After commit: a rolled-back transition is never counted.
+    timings = {}
+    if run.first_pending_at is not None and run.finished_at is not None:  # a run skipped while queued never pended
+        timings["pending_to_finished"] = (run.finished_at - run.first_pending_at).total_seconds()
+    metrics.record_run(organization_id=run.organization_id, timings=timings, finished=run.status)
 
 
 def lease_lapsed_filter(run_id: uuid.UUID, now: datetime) -> dict[str, Any]:

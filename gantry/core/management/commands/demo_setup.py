@@ -79,11 +79,12 @@ class Command(BaseCommand):
             else:
                 lines.append(f"organization {ORG_SLUG!r}: exists")
 
-            _, member_created, user_token = services.membership_set(org=org, username=options["admin"], role=Role.ADMIN)
-            if member_created:
+            # The operator's own command: no invitation for the admin user to accept.
+            change = services.membership_set(org=org, username=options["admin"], role=Role.ADMIN, invite_existing=False)
+            if change.created:
                 lines.append(f"user {options['admin']!r}: made an admin of {ORG_SLUG!r}")
-            if user_token:
-                lines.append(f"user {options['admin']!r}: created without a password; API token: {user_token}")
+            if change.api_token:
+                lines.append(f"user {options['admin']!r}: created without a password; API token: {change.api_token}")
 
             group = RunnerGroup.objects.filter(organization=org, name=GROUP_NAME).first()
             if group is None:

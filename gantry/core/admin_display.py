@@ -1,0 +1,77 @@
+"""Columns and fields of the admin that need a word of their own (``gantry.core.admin`` uses them).
+
+- Times with seconds: Django's default date format drops them, and a run's
+  events are often seconds apart.
+- ``created_at`` has a database default, so an unsaved object holds a
+  ``DatabaseDefault`` marker, not a time: add forms leave the field out.
+- The runs list's reason and runner-group columns are read once per page, for
+  the page's rows (the queue's ladder, two statements per org on the page; the
+  runs' ``assigned`` events), and kept on the row objects of that request.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.http import HttpRequest
+from django.utils import timezone
+
+from gantry.core.models import WAITING, RunEvent, RunnerGroup
+
+
+def seconds(at: datetime | None) -> str:
+    return timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S") if at else "-"
+
+
+class NoCreatedAtOnAdd:
+    """Leaves ``created_at`` out of add forms (the database fills it in)."""
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)  # type: ignore[misc]
+        return [f for f in fields if f != "created_at"] if obj is None else fields
+
+
+class RunColumns:
+    """The runs list's runner group and reason columns."""
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        from gantry.dispatch import queue
+
+        cl: ChangeList = super().get_changelist_instance(request)  # type: ignore[misc]
+        rows = list(cl.result_list)
+        now = timezone.now()
+        by_org: defaultdict[int, list[Any]] = defaultdict(list)
+        for run in rows:
+            if run.status in WAITING:
+                by_org[run.organization_id].append(run)
+        reasons: dict[Any, dict[str, Any]] = {}
+        for runs in by_org.values():
+            reasons.update(queue.reasons_of_runs(org=runs[0].organization, run_ids=[r.id for r in runs], now=now))
+        assigned = dict(
+            RunEvent.objects.filter(run_id__in=[r.id for r in rows], kind="assigned")
+            .order_by("run_id", "at", "id")
+            .values_list("run_id", "detail__runner_group_id")
+        )  # the last assignment of each run wins
+        names = {
+            g.id: str(g)
+            for g in RunnerGroup.objects.select_related("organization").filter(id__in=set(assigned.values()))
+        }
+        for run in rows:
+            found = reasons.get(run.id)
+            run._gantry_reason = f"{found['code']}: {found['detail']}" if found else "-"
+            group_id = assigned.get(run.id)
+            run._gantry_group = names.get(int(group_id), "-") if group_id is not None else "-"
+        return cl
+
+    @admin.display(description="reason")
+    def reason(self, run: Any) -> str:
+        return str(getattr(run, "_gantry_reason", "-"))
+
+    @admin.display(description="runner group")
+    def runner_group(self, run: Any) -> str:
+        # The last group the run was assigned to: its runner row may be gone, the event stays.
+        return str(getattr(run, "_gantry_group", "-"))

@@ -1,0 +1,527 @@
+"""Why a waiting run is not running yet: the queue's reason ladder (docs/queue.md).
+
+Every queued, pending and assigned run of an org gets exactly one reason, the
+first rung of :data:`LADDER` that applies to it. The rungs are plain functions
+of a :class:`Situation` (the run, the org's runner groups that could take it,
+the org's dispatch budget); a new reason is one function and one line in
+``LADDER``, in its place in the order, and nothing else changes.
+
+The read is set-based, a fixed handful of statements whatever the backlog:
+
+1. the page of waiting runs (:data:`_PAGE_SQL`): one range of ``run_waiting_idx``
+   per status, merged in (created_at, id) order and cut at the page's end, then
+   joined with the stack, the selector, the runner a run points at, and a
+   queued run's lane holder (a probe of the one-lane-holder unique index);
+2. the org's runner groups, each with the org's selectors it serves
+   (:data:`_GROUPS_SQL`), matched in SQL by the claim's own rule
+   (``selector <@ labels``; an empty selector only to the default group when
+   the org has one);
+3. at most one peek at the org's token bucket (``throttle.budget``, Redis),
+   made only when some run reaches the ``org_throttled`` rung.
+
+The claim (``gantry.dispatch.claim``) and this module write the matching rule
+separately; the two must stay in step, and the tests build each reason for
+real and check the claim agrees (a ``dispatchable`` run is the one the next
+poll takes, a ``no_matching_group`` one is never claimed).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+from django.db import connection
+
+from gantry import conf
+from gantry.core.errors import InvalidRequest
+from gantry.core.models import LANE_HOLDERS, WAITING, Organization, RunnerStatus, RunStatus
+from gantry.dispatch import throttle
+
+PAGE_DEFAULT = 100
+PAGE_MAX = 500
+
+# ---------------------------------------------------------------- facts
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """A runner group as the ladder sees it."""
+
+    id: int
+    organization_id: int
+    name: str
+    kind: str
+    labels: dict[str, str]
+    max_concurrent_runs: int
+    runner_count: int
+    drained: bool
+    last_polled_at: datetime | None
+    last_dispatch_error: str
+    last_dispatch_error_at: datetime | None
+    # The org's selectors (run_selector ids) this group serves, by the claim's rule.
+    selector_ids: frozenset[int]
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_concurrent_runs - self.runner_count)
+
+    def polled_since(self, since: datetime) -> bool:
+        return self.last_polled_at is not None and self.last_polled_at >= since
+
+
+@dataclass(frozen=True)
+class WaitingRun:
+    id: uuid.UUID
+    status: str
+    stack_id: int
+    stack_name: str
+    deployment_id: int
+    created_at: datetime
+    first_pending_at: datetime | None
+    selector_id: int
+    selector: dict[str, str]
+    runner_id: uuid.UUID | None
+    lease_expires_at: datetime | None
+    # The runner a run points at (only while that row exists: the FK nulls the pointer).
+    runner_status: str | None
+    runner_created_at: datetime | None
+    runner_last_seen: datetime | None
+    lane_holder_run_id: uuid.UUID | None
+
+
+@dataclass
+class OrgFacts:
+    """What the ladder needs of the org, read once per request (the budget only if a rung asks)."""
+
+    org: Organization
+    groups: list[GroupFacts]
+    now: datetime
+    stale_after: int = field(default_factory=lambda: conf.get().poll_stale_after)
+
+    @cached_property
+    def budget(self) -> throttle.Budget:
+        return throttle.budget(
+            organization_id=self.org.id,
+            rate=self.org.runs_per_hour_limit,
+            stamp=self.org.dispatch_throttled_until,
+            now=self.now,
+        )
+
+    def matching(self, selector_id: int) -> list[GroupFacts]:
+        return [g for g in self.groups if selector_id in g.selector_ids]
+
+
+@dataclass(frozen=True)
+class Situation:
+    """One run and what could take it: the argument of every rung."""
+
+    run: WaitingRun
+    org: OrgFacts
+
+    @cached_property
+    def matching(self) -> list[GroupFacts]:
+        return self.org.matching(self.run.selector_id)
+
+    @cached_property
+    def undrained(self) -> list[GroupFacts]:
+        return [g for g in self.matching if not g.drained]
+
+    @cached_property
+    def with_free_slots(self) -> list[GroupFacts]:
+        return [g for g in self.undrained if g.free_slots > 0]
+
+    @property
+    def poll_cutoff(self) -> datetime:
+        return self.org.now - timedelta(seconds=self.org.stale_after)
+
+
+Reason = dict[str, Any]
+Rung = Callable[[Situation], Reason | None]
+
+
+def as_json(value: Any) -> Any:
+    """A jsonb column read by a raw cursor (Django's psycopg setup hands jsonb over as text)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.astimezone(UTC).isoformat() if at is not None else None
+
+
+def _when(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _names(groups: Sequence[GroupFacts]) -> str:
+    return ", ".join(g.name for g in groups)
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+# ---------------------------------------------------------------- the rungs, in ladder order
+
+
+def waiting_for_lane(s: Situation) -> Reason | None:
+    if s.run.status != RunStatus.QUEUED:
+        return None
+    holder = s.run.lane_holder_run_id
+    detail = (
+        f"Queued behind run {holder}: stack {s.run.stack_name} runs one deployment at a time."
+        if holder
+        else f"Queued on stack {s.run.stack_name}; it becomes pending as the stack's lane frees."
+    )
+    return {"detail": detail, "lane_holder_run_id": str(holder) if holder else None}
+
+
+def runner_booting(s: Situation) -> Reason | None:
+    if s.run.status != RunStatus.ASSIGNED:
+        return None
+    lease = s.run.lease_expires_at
+    detail = f"Runner {s.run.runner_id} holds the lease and is starting"
+    detail += f"; it must accept by {_when(lease)}." if lease else "."
+    return {"detail": detail, "runner_id": str(s.run.runner_id), "lease_expires_at": _iso(lease)}
+
+
+def reaped_after(run: WaitingRun) -> datetime | None:
+    """When the inactive-runner reaper may delete the runner ``run`` points at (its next sweep after this)."""
+    cfg = conf.get()
+    if run.runner_status in (RunnerStatus.NOT_READY, RunnerStatus.READY) and run.runner_created_at:
+        # A stub (never accepted) ages from its creation (reapers.inactive_runners).
+        return run.runner_created_at + timedelta(seconds=cfg.stub_cutoff)
+    seen = run.runner_last_seen or run.runner_created_at
+    return seen + timedelta(seconds=cfg.runner_execution_timeout) if seen else None
+
+
+def previous_runner_alive(s: Situation) -> Reason | None:
+    if s.run.status != RunStatus.PENDING or s.run.runner_id is None:
+        return None
+    after = reaped_after(s.run)
+    detail = (
+        f"Its lease lapsed, but runner {s.run.runner_id}, sent for it earlier, still exists; to never run it "
+        f"twice it is kept out of dispatch until that runner deregisters or is reaped"
+    )
+    detail += f" (after {_when(after)})." if after else "."
+    return {"detail": detail, "runner_id": str(s.run.runner_id), "reaped_after": _iso(after)}
+
+
+def _missing(selector: dict[str, str], labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in selector.items() if labels.get(k) != v}
+
+
+def no_matching_group(s: Situation) -> Reason | None:
+    if s.matching:
+        return None
+    groups = s.org.groups
+    if not groups:
+        return {"detail": "This org has no runner group.", "closest_group_id": None, "missing_labels": {}}
+    selector = s.run.selector
+    if not selector:
+        # An empty selector goes only to the default group; it matched none, so the default is gone.
+        return {
+            "detail": "The run selects no labels, so only the org's default runner group may take it, "
+            "and that group is not there.",
+            "closest_group_id": None,
+            "missing_labels": {},
+        }
+    closest = min(groups, key=lambda g: (len(_missing(selector, g.labels)), g.name))
+    missing = _missing(selector, closest.labels)
+    return {
+        "detail": f"No runner group has the labels {_labels(selector)}; the closest, {closest.name}, "
+        f"lacks {_labels(missing)}.",
+        "closest_group_id": closest.id,
+        "missing_labels": missing,
+    }
+
+
+def groups_drained(s: Situation) -> Reason | None:
+    if s.undrained:
+        return None
+    return {
+        "detail": f"Every runner group that can take it is drained: {_names(s.matching)}.",
+        "group_ids": [g.id for g in s.matching],
+    }
+
+
+def org_throttled(s: Situation) -> Reason | None:
+    budget = s.org.budget
+    if not budget.throttled:
+        return None
+    until = budget.next_slot_at
+    if until is None:
+        detail = "The org's dispatch rate is 0 runs per hour: nothing dispatches until a super-admin raises it."
+    else:
+        detail = (
+            f"The org's dispatch budget ({budget.runs_per_hour_limit} runs per hour) is spent; the next run "
+            f"may go at {_when(until)} (in {budget.seconds_to_next_slot} s)."
+        )
+    return {"detail": detail, "until": _iso(until)}
+
+
+def groups_at_capacity(s: Situation) -> Reason | None:
+    if s.with_free_slots:
+        return None
+    used = ", ".join(f"{g.name} {g.runner_count}/{g.max_concurrent_runs}" for g in s.undrained)
+    return {
+        "detail": f"Every runner group that can take it has all its slots taken: {used}.",
+        "group_ids": [g.id for g in s.undrained],
+    }
+
+
+def no_runner_polling(s: Situation) -> Reason | None:
+    groups = s.with_free_slots
+    if any(g.polled_since(s.poll_cutoff) for g in groups):
+        return None
+    polls = [g.last_polled_at for g in groups if g.last_polled_at is not None]
+    last = max(polls) if polls else None
+    seen = f"last poll {_when(last)}" if last else "never polled"
+    return {
+        "detail": f"{_names(groups)} {'has' if len(groups) == 1 else 'have'} free slots, but no coordinator "
+        f"polled in the last {s.org.stale_after} s ({seen}): is it running?",
+        "group_ids": [g.id for g in groups],
+        "last_polled_at": _iso(last),
+    }
+
+
+def dispatchable(s: Situation) -> Reason | None:
+    groups = [g for g in s.with_free_slots if g.polled_since(s.poll_cutoff)]
+    return {
+        "detail": f"Nothing holds it back: the next poll of {_names(groups)} takes it (oldest first).",
+        "group_ids": [g.id for g in groups],
+    }
+
+
+# The ladder: the first rung that applies decides. A new reason goes in here, in its place.
+LADDER: list[tuple[str, Rung]] = [
+    ("waiting_for_lane", waiting_for_lane),
+    ("runner_booting", runner_booting),
+    ("previous_runner_alive", previous_runner_alive),
+    ("no_matching_group", no_matching_group),
+    ("groups_drained", groups_drained),
+    ("org_throttled", org_throttled),
+    ("groups_at_capacity", groups_at_capacity),
+    ("no_runner_polling", no_runner_polling),
+    ("dispatchable", dispatchable),
+]
+CODES: tuple[str, ...] = tuple(code for code, _ in LADDER)
+
+
+def reason_for(situation: Situation) -> Reason:
+    """The first rung that applies: ``{code, detail, ...}``. The last rung always applies."""
+    for code, rung in LADDER:
+        found = rung(situation)
+        if found is not None:
+            return {"code": code, **found}
+    raise AssertionError("the ladder's last rung always applies")  # pragma: no cover
+
+
+# ---------------------------------------------------------------- the statements
+
+_LANE_HOLDERS_SQL = ", ".join(f"'{s}'" for s in sorted(LANE_HOLDERS))
+
+
+def _status_range(status: str) -> str:
+    # One index range of run_waiting_idx; the status is a literal so the
+    # planner matches the partial index's predicate.
+    return f"""(SELECT id, created_at FROM run
+        WHERE organization_id = %(org_id)s AND status = '{status}'
+          AND (created_at, id) > (%(after_at)s, %(after_id)s)
+        ORDER BY created_at, id LIMIT %(limit)s)"""
+
+
+_PAGE_CTE = f"""
+WITH page AS (
+    {_status_range("queued")}
+    UNION ALL {_status_range("pending")}
+    UNION ALL {_status_range("assigned")}
+    ORDER BY created_at, id LIMIT %(limit)s
+)
+"""
+_WAITING_STATUSES = ", ".join(f"'{s}'" for s in sorted(WAITING))
+_ONE_RUN_CTE = f"""
+WITH page AS (
+    SELECT id, created_at FROM run WHERE id = ANY(%(run_ids)s) AND status IN ({_WAITING_STATUSES})
+)
+"""
+_WAITING_SQL = f"""
+SELECT r.id, r.status, r.stack_id, st.name, r.deployment_id, r.created_at, r.first_pending_at,
+       r.selector_id, sel.selector, r.assigned_runner_id, r.assigned_expires_at,
+       ru.status, ru.created_at, COALESCE(ru.last_seen_at, ru.accepted_at),
+       CASE WHEN r.status = 'queued' THEN (
+           SELECT h.id FROM run h WHERE h.stack_id = r.stack_id AND h.status IN ({_LANE_HOLDERS_SQL})
+       ) END
+FROM page p
+JOIN run r ON r.id = p.id
+JOIN stack st ON st.id = r.stack_id
+JOIN run_selector sel ON sel.id = r.selector_id
+LEFT JOIN runner ru ON ru.id = r.assigned_runner_id
+ORDER BY r.created_at, r.id
+"""
+_PAGE_SQL = _PAGE_CTE + _WAITING_SQL
+
+# The claim's matching rule (gantry.dispatch.claim, CTE "sel"), per group.
+_GROUPS_SQL = """
+SELECT g.id, g.organization_id, g.name, g.kind, g.labels, g.max_concurrent_runs, g.runner_count, g.drained,
+       g.last_polled_at, g.last_dispatch_error, g.last_dispatch_error_at,
+       COALESCE(array_agg(s.id) FILTER (WHERE s.id IS NOT NULL), '{{}}')
+FROM runner_group g
+JOIN organization o ON o.id = g.organization_id
+LEFT JOIN run_selector s ON s.organization_id = g.organization_id AND s.selector <@ g.labels
+     AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL OR o.default_runner_group_id = g.id)
+{where}
+GROUP BY g.id
+ORDER BY g.organization_id, g.name, g.id
+"""
+
+
+def group_facts(*, organization_id: int | None = None, group_id: int | None = None) -> list[GroupFacts]:
+    """Runner groups with the selectors each serves: one statement (all orgs when no filter is given)."""
+    clauses, params = [], {}
+    if organization_id is not None:
+        clauses.append("g.organization_id = %(org_id)s")
+        params["org_id"] = organization_id
+    if group_id is not None:
+        clauses.append("g.id = %(group_id)s")
+        params["group_id"] = group_id
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    with connection.cursor() as cur:
+        cur.execute(_GROUPS_SQL.format(where=where), params)
+        rows = cur.fetchall()
+    return [
+        GroupFacts(
+            id=r[0],
+            organization_id=r[1],
+            name=r[2],
+            kind=r[3],
+            labels=as_json(r[4]),
+            max_concurrent_runs=r[5],
+            runner_count=r[6],
+            drained=r[7],
+            last_polled_at=r[8],
+            last_dispatch_error=r[9],
+            last_dispatch_error_at=r[10],
+            selector_ids=frozenset(r[11]),
+        )
+        for r in rows
+    ]
+
+
+# ---------------------------------------------------------------- cursors
+
+
+_BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+
+
+def encode_cursor(created_at: datetime, run_id: uuid.UUID) -> str:
+    raw = json.dumps([created_at.astimezone(UTC).isoformat(), str(run_id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+    """The (created_at, id) a page continues after; 400 for anything this module did not write."""
+    if not cursor:
+        return None
+    try:
+        at, run_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None:
+            raise ValueError("naive time")
+        return when, uuid.UUID(run_id)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidRequest("cursor is not one this API handed out", field="cursor") from None
+
+
+def page_limit(raw: str | None, *, default: int = PAGE_DEFAULT, maximum: int = PAGE_MAX) -> int:
+    if raw in (None, ""):
+        return default
+    assert raw is not None
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise InvalidRequest(f"limit must be a whole number from 1 to {maximum}", field="limit")
+    return int(raw)
+
+
+# ---------------------------------------------------------------- the read
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    run: WaitingRun
+    reason: Reason
+    waiting_seconds: int
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    entries: list[QueueEntry]
+    next_cursor: str | None
+    org: OrgFacts
+
+
+def waiting_runs(*, organization_id: int, after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[WaitingRun]:
+    after_at, after_id = after or _BEFORE_ALL
+    params = {"org_id": organization_id, "after_at": after_at, "after_id": after_id, "limit": limit}
+    return _read_waiting(_PAGE_SQL, params)
+
+
+def _read_waiting(sql: str, params: dict[str, Any]) -> list[WaitingRun]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        rows = cur.fetchall()
+    return [
+        WaitingRun(
+            id=r[0],
+            status=r[1],
+            stack_id=r[2],
+            stack_name=r[3],
+            deployment_id=r[4],
+            created_at=r[5],
+            first_pending_at=r[6],
+            selector_id=r[7],
+            selector=as_json(r[8]),
+            runner_id=r[9],
+            lease_expires_at=r[10],
+            runner_status=r[11],
+            runner_created_at=r[12],
+            runner_last_seen=r[13],
+            lane_holder_run_id=r[14],
+        )
+        for r in rows
+    ]
+
+
+def read_queue(*, org: Organization, now: datetime, cursor: str | None = None, limit: int = PAGE_DEFAULT) -> QueuePage:
+    """A page of the org's waiting runs, oldest first, each with its reason (two statements, one Redis peek)."""
+    runs = waiting_runs(organization_id=org.id, after=decode_cursor(cursor), limit=limit)
+    facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
+    entries = [
+        QueueEntry(
+            run=run,
+            reason=reason_for(Situation(run=run, org=facts)),
+            waiting_seconds=max(0, int((now - run.created_at).total_seconds())),
+        )
+        for run in runs
+    ]
+    last = runs[-1] if len(runs) == limit else None
+    return QueuePage(entries=entries, next_cursor=encode_cursor(last.created_at, last.id) if last else None, org=facts)
+
+
+def reasons_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Reason]:
+    """The reasons of some of the org's runs (those still waiting): two statements, however many."""
+    runs = _read_waiting(_ONE_RUN_CTE + _WAITING_SQL, {"run_ids": list(run_ids)})
+    if not runs:
+        return {}
+    facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
+    return {run.id: reason_for(Situation(run=run, org=facts)) for run in runs if run.id in set(run_ids)}
+
+
+def reason_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> Reason | None:
+    """One run's reason (its page), or None when it is not waiting."""
+    return reasons_of_runs(org=org, run_ids=[run_id], now=now).get(run_id)

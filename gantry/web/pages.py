@@ -1,0 +1,266 @@
+"""The pages org admins and members work in (docs/queue.md): the queue, a run, the runner groups.
+
+Server-rendered Django templates; a few lines of hand-written JavaScript
+(``static/web/gantry.js``) refresh a page's live part by fetching the page
+again with ``?partial=1`` and, on a run page, follow the log through the log
+read API (``GET /api/v1/runs/{id}/logs``). The same scoping as the API: another
+org's page is a 404, a member pressing an admin's button a 403. Every button
+posts to a view here that calls the same service as the API; a refusal
+(``GantryError``) comes back as a message on the page it was pressed on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from gantry import conf
+from gantry.api.auth import member_role
+from gantry.core import services
+from gantry.core.errors import GantryError
+from gantry.core.models import EXECUTING, NEVER_STARTED, TERMINAL, Organization, Role, Run, RunnerGroup
+from gantry.core.services.deployments import RETRYABLE
+from gantry.dispatch import queue
+
+FINISHED_SHOWN = 20
+
+
+def _user(request: HttpRequest) -> User:
+    assert isinstance(request.user, User)  # login_required came first
+    return request.user
+
+
+def org_and_role(request: HttpRequest, slug: str) -> tuple[Organization, str]:
+    """The org and the caller's role in it; 404 for a non-member, as in the API."""
+    org = Organization.objects.filter(slug=slug).first()
+    role = member_role(_user(request), org) if org is not None else None
+    if org is None or role is None:
+        raise Http404("no such organization")
+    return org, role
+
+
+def user_orgs(user: User) -> list[Organization]:
+    qs = Organization.objects.all() if user.is_superuser else Organization.objects.filter(memberships__user=user)
+    return list(qs.order_by("slug"))
+
+
+def _nav(request: HttpRequest, org: Organization | None, role: str | None, page: str) -> dict[str, Any]:
+    user = _user(request)
+    return {
+        "org": org,
+        "role": role,
+        "is_org_admin": role == Role.ADMIN,
+        "page": page,
+        "orgs": user_orgs(user),
+        "invitation_count": len(services.pending_invitations(user)),
+    }
+
+
+def ago(seconds: float) -> str:
+    """'42 s', '7 min', '3 h 5 min', '2 d 4 h': how long, for a person."""
+    s = int(max(0, seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+# ---------------------------------------------------------------- home
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """The site root: the user's (first) org's queue, or a page saying what to do without one."""
+    orgs = user_orgs(_user(request))
+    if orgs:
+        return redirect("web:queue", org=orgs[0].slug)
+    return render(request, "web/no_org.html", _nav(request, None, None, "home"))
+
+
+# ---------------------------------------------------------------- the queue
+
+
+def queue_context(request: HttpRequest, org: Organization, role: str) -> dict[str, Any]:
+    now = timezone.now()
+    page = queue.read_queue(org=org, now=now, limit=queue.PAGE_DEFAULT)
+    running = list(
+        Run.objects.filter(organization=org, status__in=sorted(EXECUTING))
+        .select_related("stack", "assigned_runner__runner_group")
+        .order_by("started_at", "id")[:200]
+    )
+    recent = Run.objects.filter(organization=org, status__in=sorted(TERMINAL)).select_related("stack")
+    finished = sorted(recent.order_by("-created_at", "-id")[: FINISHED_SHOWN * 3], key=lambda r: r.finished_at or now)
+    return {
+        "budget": page.org.budget,
+        "waiting": [{"entry": e, "waited": ago(e.waiting_seconds)} for e in page.entries],
+        "more_waiting": page.next_cursor is not None,
+        "running": [{"run": r, "for": ago((now - (r.started_at or now)).total_seconds())} for r in running],
+        "finished": finished[::-1][:FINISHED_SHOWN],
+        "now": now,
+    }
+
+
+@login_required
+def queue_page(request: HttpRequest, org: str) -> HttpResponse:
+    organization, role = org_and_role(request, org)
+    context = {**_nav(request, organization, role, "queue"), **queue_context(request, organization, role)}
+    template = "web/queue_live.html" if request.GET.get("partial") else "web/queue.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def set_rate(request: HttpRequest, org: str) -> HttpResponse:
+    organization, _ = org_and_role(request, org)
+    if not _user(request).is_superuser:
+        return HttpResponseForbidden("only a super-admin sets the dispatch rate")
+    raw = request.POST.get("runs_per_hour_limit", "")
+    back = reverse("web:queue", kwargs={"org": organization.slug})
+    if not raw.isdigit() or int(raw) > 1_000_000:
+        messages.error(request, "The rate must be a whole number of runs per hour, 0 to 1,000,000.")
+        return HttpResponseRedirect(back)
+    services.org_set_runs_per_hour_limit(org=organization, limit=int(raw))
+    messages.success(request, f"Dispatch rate set to {int(raw)} runs per hour.")
+    return HttpResponseRedirect(back)
+
+
+# ---------------------------------------------------------------- a run
+
+
+def _run_and_role(request: HttpRequest, pk: uuid.UUID) -> tuple[Run, str]:
+    run = Run.objects.select_related("organization", "stack", "deployment").filter(id=pk).first()
+    role = member_role(_user(request), run.organization) if run is not None else None
+    if run is None or role is None:
+        raise Http404("no such run")
+    return run, role
+
+
+def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
+    events = list(run.events.order_by("at", "id"))
+    attempts = list(
+        Run.objects.filter(deployment_id=run.deployment_id).order_by("attempt").only("id", "attempt", "status")
+    )
+    newest = attempts[-1].id == run.id if attempts else True
+    reason = queue.reason_of_run(org=run.organization, run_id=run.id, now=timezone.now())
+    return {
+        **_nav(request, run.organization, role, "run"),
+        "run": run,
+        "events": events,
+        "attempts": attempts,
+        "reason": reason,
+        "terminal": run.status in TERMINAL,
+        # Buttons as the run's state allows; the services decide again when pressed.
+        "can_cancel": run.status not in TERMINAL,
+        "can_skip": newest and run.status in NEVER_STARTED,
+        "can_retry": newest and run.status in RETRYABLE,
+    }
+
+
+@login_required
+def run_page(request: HttpRequest, pk: uuid.UUID) -> HttpResponse:
+    run, role = _run_and_role(request, pk)
+    template = "web/run_live.html" if request.GET.get("partial") else "web/run.html"
+    return render(request, template, run_context(request, run, role))
+
+
+def _act(request: HttpRequest, back: str, act: Callable[[], object], done: str) -> HttpResponse:
+    try:
+        act()
+    except GantryError as exc:
+        messages.error(request, exc.detail)
+    else:
+        messages.success(request, done)
+    return HttpResponseRedirect(back)
+
+
+@login_required
+@require_POST
+def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse:
+    """Cancel, skip, retry: members may, as in the API."""
+    run, _ = _run_and_role(request, pk)
+    by = _user(request)
+    back = reverse("web:run", kwargs={"pk": run.id})
+    if action == "cancel":
+        return _act(
+            request, back, lambda: services.run_request_cancellation(run_id=run.id, by=by), "Cancellation asked."
+        )
+    if action == "skip":
+        return _act(request, back, lambda: services.deployment_skip(deployment_id=run.deployment_id, by=by), "Skipped.")
+    if action == "retry":
+        try:
+            services.deployment_retry(deployment_id=run.deployment_id, by=by)
+        except GantryError as exc:
+            messages.error(request, exc.detail)
+            return HttpResponseRedirect(back)
+        # The new attempt's page is where the user wants to be next.
+        newest = Run.objects.filter(deployment_id=run.deployment_id).order_by("-attempt").values_list("id", flat=True)
+        messages.success(request, "Retried: a new attempt is queued.")
+        return redirect("web:run", pk=newest[0])
+    raise Http404("no such action")
+
+
+# ---------------------------------------------------------------- runner groups
+
+
+def groups_context(request: HttpRequest, org: Organization, role: str) -> dict[str, Any]:
+    now = timezone.now()
+    stale = conf.get().poll_stale_after
+    rows = []
+    for g in queue.group_facts(organization_id=org.id):
+        if g.last_polled_at is None:
+            poll = "never polled"
+            online = False
+        else:
+            silent = (now - g.last_polled_at).total_seconds()
+            online = silent <= stale
+            poll = "coordinator online" if online else f"silent for {ago(silent)}"
+        rows.append({"group": g, "poll": poll, "online": online})
+    return {**_nav(request, org, role, "groups"), "groups": rows, "stale_after": stale}
+
+
+@login_required
+def groups_page(request: HttpRequest, org: str) -> HttpResponse:
+    organization, role = org_and_role(request, org)
+    template = "web/groups_live.html" if request.GET.get("partial") else "web/groups.html"
+    return render(request, template, groups_context(request, organization, role))
+
+
+@login_required
+@require_POST
+def group_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    group = RunnerGroup.objects.select_related("organization").filter(id=pk).first()
+    role = member_role(_user(request), group.organization) if group is not None else None
+    if group is None or role is None:
+        raise Http404("no such runner group")
+    if role != Role.ADMIN:
+        return HttpResponseForbidden("this needs the org admin role")
+    back = reverse("web:groups", kwargs={"org": group.organization.slug})
+    if action in ("drain", "undrain"):
+        drained = action == "drain"
+        return _act(
+            request,
+            back,
+            lambda: services.runner_group_set_drained(group=group, drained=drained),
+            f"{group.name} {'drained' if drained else 'undrained'}.",
+        )
+    if action == "rotate-token":
+        token = services.runner_group_rotate_token(group=group)
+        # Shown once (the message lives in the session until this redirect shows it); Gantry keeps no copy.
+        messages.warning(
+            request, f"New token for {group.name} (shown once, copy it now; the old one stopped working): {token}"
+        )
+        return HttpResponseRedirect(back)
+    raise Http404("no such action")
