@@ -58,11 +58,13 @@ def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[
     assert named in result.stderr
 
 
-def test_the_suite_runs_on_a_redis_database_of_its_own(tmp_path: Path) -> None:
+def test_the_suite_runs_on_a_redis_database_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`dev.py test` beside `dev.py run` must not delete the dev server's throttle buckets (issue 10)."""
     sys.path.insert(0, str(ROOT))
     import dev
 
+    suite_db = os.environ.get("GANTRY_REDIS_DB")
+    monkeypatch.delenv("GANTRY_REDIS_DB", raising=False)
     assert dev.test_redis_db("redis://127.0.0.1:6379/0") == "8"
     assert dev.test_redis_db("redis://127.0.0.1:6379/3") == "11"
     assert dev.test_redis_db(None) == "8"  # the embedded Redis serves the dev server on 0
@@ -76,5 +78,5 @@ def test_the_suite_runs_on_a_redis_database_of_its_own(tmp_path: Path) -> None:
     # This very suite: a database other than the configured one.
     from django.conf import settings
 
-    if os.environ.get("GANTRY_REDIS_DB"):
-        assert settings.REDIS_URL.endswith("/" + os.environ["GANTRY_REDIS_DB"])
+    if suite_db:
+        assert settings.REDIS_URL.endswith("/" + suite_db)
