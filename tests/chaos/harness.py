@@ -22,28 +22,16 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from runners import procfs
+from tests.e2e.conftest import wait_until as wait_for
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``cond`` until it answers something true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 def port_open(port: int) -> bool:
@@ -112,22 +100,25 @@ class Supervisor:
             self._kill_group(proc)
 
     def stop_all(self, grace: float = 15.0) -> None:
-        """SIGTERM every child (in reverse start order), then SIGKILL whatever is left of their groups."""
+        """SIGTERM every child (in reverse start order), then SIGKILL the groups of those still running."""
         procs = [c.proc for c in reversed(self.children.values()) if c.proc is not None]
         for proc in procs:
-            if proc.poll() is None:
+            if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
         for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, deadline - time.monotonic()))
             self._kill_group(proc)
 
     @staticmethod
     def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        # Only while the leader is not reaped: until then its pid, and so the
+        # group id, cannot belong to anyone else.
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 # ---------------------------------------------------------------- the private databases

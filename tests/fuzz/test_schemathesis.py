@@ -39,14 +39,14 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gantry.core import services, tokens
-from gantry.core.models import Organization, Role, RunnerGroup
-from tests.conftest import SPEC, _member
+from gantry.core.models import Membership, Organization, Role, RunnerGroup
+from tests.conftest import SPEC
 from tests.figures import add_figures
 
 pytestmark = pytest.mark.fuzz
 
 SEED = int(os.environ.get("GANTRY_FUZZ_SEED") or 20240610)
-MAX_EXAMPLES = int(os.environ.get("GANTRY_FUZZ_EXAMPLES") or 15)
+MAX_EXAMPLES = int(os.environ.get("GANTRY_FUZZ_EXAMPLES") or 25)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 # The personas in the order they run: the least destructive first (the superuser may rotate
 # the group's token or force-delete the runner, which only turns later requests into 401s).
@@ -110,7 +110,8 @@ def world(transactional_db: None) -> World:
     """
     org = Organization.objects.create(slug="acme", name="Acme")
     root = User.objects.create_superuser(username="root", password="pw-root", email="root@example.com")
-    member = _member("teammate", org, Role.MEMBER)
+    member = User.objects.create_user(username="teammate", password="pw-teammate")
+    Membership.objects.create(user=member, organization=org, role=Role.MEMBER)
     group, group_token = services.runner_group_create(org=org, name="linux", labels={"os": "linux"})
     stack = services.stack_create(org=org, name="web", labels={"gantry:runner-group:os": "linux"}, spec=SPEC)
     deployment = services.deployment_create(stack=stack)
@@ -140,7 +141,9 @@ def world(transactional_db: None) -> World:
 def claim_one(group: RunnerGroup) -> dict[str, Any]:
     """The group's coordinator polls once, through the API, and gets the run: a stub runner and its JWT."""
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {tokens.mint_group_token(group_id=group.id, token_version=1)}")
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {tokens.mint_group_token(group_id=group.id, token_version=group.token_version)}"
+    )
     response = client.get("/api/v1/runner-groups/poll")
     assert response.status_code == 200, response.content
     return dict(response.json())
@@ -223,6 +226,7 @@ def test_the_served_schema_holds_for_every_persona(world: World, request: pytest
         ("delete", "/api/v1/runners/not-a-uuid/deregister", ("/api/v1/runners/{runner_id}/deregister", "delete")),
         ("post", "/api/v1/runs/not-a-uuid/logs/live", ("/api/v1/runs/{run_id}/logs/live", "post")),
     ],
+    ids=["ready", "deregister", "logs-live"],
 )
 def test_a_malformed_id_answers_a_documented_status(
     world: World, method: str, path: str, operation: tuple[str, str]
