@@ -69,11 +69,15 @@ def plan(seed: int) -> Plan:
     rng.shuffle(kinds)
     # Evenly spread slots with jitter, from 3 s in (work is under way) to the window's end.
     slot = (WINDOW - 3.0) / len(kinds)
+    times = [round(3.0 + i * slot + rng.uniform(0, max(0.0, slot - FAULT_SPACING)), 2) for i in range(len(kinds))]
     faults = []
-    for i, kind in enumerate(kinds):
-        at = 3.0 + i * slot + rng.uniform(0, max(0.0, slot - FAULT_SPACING))
-        pause = round(rng.uniform(0.5, 4.0), 2) if kind == "coordinator_kill" else 0.0
-        faults.append(Fault(round(at, 2), kind, pause))
+    for i, (at, kind) in enumerate(zip(times, kinds, strict=True)):
+        pause = 0.0
+        if kind == "coordinator_kill":
+            # Back before the next fault, so a second coordinator_kill always finds one to kill.
+            gap = (times[i + 1] if i + 1 < len(times) else WINDOW + 10) - at
+            pause = round(min(rng.uniform(0.5, 4.0), max(0.3, gap - 1.0)), 2)
+        faults.append(Fault(at, kind, pause))
     return Plan(
         seed=seed,
         stacks=tuple(singles + lanes),
