@@ -162,3 +162,10 @@ def claimable_listener() -> Iterator[psycopg.Connection]:
 def drain_notifications(conn: psycopg.Connection) -> list[str]:
     """The payloads (org ids) delivered within half a second."""
     return [n.payload for n in conn.notifies(timeout=0.5)]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The figures the chaos and fuzz suites measured (tests/figures.py)."""
+    from tests.figures import print_figures
+
+    print_figures(terminalreporter, config)
