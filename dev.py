@@ -464,7 +464,19 @@ def processes(python: Path, port: int) -> list[tuple[str, list[str]]]:
             (
                 "celery",
                 [
-                    *(str(python), "-m", "celery", "-A", "gantry", "worker", "-B", "--concurrency", "1"),
+                    *(
+                        str(python),
+                        "-m",
+                        "celery",
+                        "-A",
+                        "gantry",
+                        "worker",
+                        "-B",
+                        "--concurrency",
+                        "1",
+                        "--without-gossip",
+                        "--without-mingle",
+                    ),
                     *("--loglevel", "INFO", "--schedule", str(root / "celerybeat-schedule")),
                 ],
             )

@@ -254,6 +254,9 @@ CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
 # Gantry's queue on the broker; installations sharing one Redis each name their own.
 CELERY_TASK_DEFAULT_QUEUE = envstr("GANTRY_CELERY_QUEUE") or "gantry"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Beat sending a reaper tick while Redis restarts: retry for about ten seconds
+# instead of logging the tick as lost at ERROR (a missed tick is only late work).
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 20, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
 # The tasks' answers go to the logs, never to a result backend.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"

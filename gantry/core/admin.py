@@ -31,12 +31,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from gantry.core import services, specs
-from gantry.core.admin_display import NoCreatedAtOnAdd, RunColumns, seconds
+from gantry.core.admin_display import NoCreatedAtOnAdd, RunColumns, StorableJSONField, seconds
 from gantry.core.errors import GantryError, InvalidRequest
 from gantry.core.models import (
     Deployment,
@@ -120,6 +121,8 @@ def _scope_fk_choices(request: HttpRequest, db_field: Any, kwargs: dict[str, Any
 
 class ScopedAdmin(admin.ModelAdmin):
     """A ModelAdmin whose rows and permissions follow the user's admin orgs."""
+
+    formfield_overrides = {models.JSONField: {"form_class": StorableJSONField}}
 
     # The path from this model to its Organization, as a query lookup.
     org_path = "organization"
@@ -535,7 +538,7 @@ STACK_FIELDS = ("name", "labels", "spec")
 class StackForm(forms.ModelForm):
     # Secret values are write-only, as in the API: the form never shows them;
     # it takes changes only (name → value sets one, name → null removes it).
-    secrets_update = forms.JSONField(
+    secrets_update = StorableJSONField(
         required=False,
         label="Set secrets",
         widget=forms.Textarea(attrs={"rows": 3}),

@@ -4,6 +4,10 @@
   events are often seconds apart.
 - ``created_at`` has a database default, so an unsaved object holds a
   ``DatabaseDefault`` marker, not a time: add forms leave the field out.
+- JSON fields (labels, specs, secrets) are shown back escaped to ASCII and
+  refused when the database could not store them (``gantry.core.jsonsafe``):
+  a lone surrogate typed as ``\ud800`` must come back as a form error, not
+  break the page that shows the form again.
 - The runs list's reason and runner-group columns are read once per page, for
   the page's rows (the queue's ladder, two statements per org on the page; the
   runs' ``assigned`` events), and kept on the row objects of that request.
@@ -11,16 +15,36 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.http import HttpRequest
 from django.utils import timezone
 
+from gantry.core import jsonsafe
 from gantry.core.models import WAITING, RunEvent, RunnerGroup
+
+
+class StorableJSONField(forms.JSONField):
+    """A form JSON field that refuses what PostgreSQL cannot store, and redisplays any input safely."""
+
+    def to_python(self, value: Any) -> Any:
+        parsed = super().to_python(value)
+        why = jsonsafe.problem(parsed)
+        if why is not None:
+            raise forms.ValidationError(why)
+        return parsed
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            # The user's own text, shown back: escape what UTF-8 cannot carry.
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return json.dumps(value, ensure_ascii=True, cls=self.encoder)
 
 
 def seconds(at: datetime | None) -> str:

@@ -101,12 +101,20 @@ class ClaimableListener:
                         # arriving between two calls are kept by the connection.
                         for note in conn.notifies(timeout=1.0):
                             self._wake(note.payload)
-            except Exception:
+            except psycopg.OperationalError as exc:
+                # The database restarted or is out of reach: expected, and said
+                # in one line (no traceback); parked polls fall back to their
+                # periodic re-check, and all of them re-check on reconnect.
                 self._ready.clear()
-                log.warning("long-poll listener lost its connection; reconnecting", exc_info=True,
+                log.warning("long-poll listener lost its connection; reconnecting: %s", exc,
                             extra={"event": "longpoll.listener_reconnect"})  # fmt: skip
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, 2.0)
+            except Exception:
+                self._ready.clear()
+                log.exception("long-poll listener failed; restarting it", extra={"event": "longpoll.listener_error"})
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
         self._ready.clear()
 
     def _wake(self, payload: str) -> None:

@@ -281,17 +281,17 @@ class Chaos:
         self.out.seconds["read back"] = time.monotonic() - began
 
     def read_log(self, run_id: str) -> str:
-        """The whole log through ``GET /runs/{id}/logs``, following ``next_offset`` until ``complete``."""
+        """The whole log through ``GET /runs/{id}/logs``, following ``next_offset`` until it is ``final``."""
         text, offset = [], 0
         for _ in range(1000):
             page = self.api.request("GET", f"/api/v1/runs/{run_id}/logs", query={"offset": offset}).json()
             text.append(page["text"])
-            if page["complete"]:
+            if page["final"]:  # complete, or a lost runner's log ending with its marker line
                 return "".join(text)
             if page["next_offset"] == offset:
                 time.sleep(0.5)  # a terminal run still being flushed
             offset = page["next_offset"]
-        raise AssertionError(f"the log of run {run_id} never read as complete")
+        raise AssertionError(f"the log of run {run_id} never read as final")
 
     # ------------------------------------------------------------ the end
 

@@ -266,6 +266,7 @@ class Gantry:
             "worker",
             [
                 PYTHON, "-m", "celery", "-A", "gantry", "worker", "-B", "--concurrency", "1",
+                "--without-gossip", "--without-mingle",
                 "--loglevel", "WARNING", "--schedule", str(self.tmp / "celerybeat-schedule"),
             ],
             self.env,
