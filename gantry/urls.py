@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from gantry.web import ops
+from gantry.web import ops, runner_client
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -9,6 +9,9 @@ urlpatterns = [
     path("healthz", ops.healthz),
     path("readyz", ops.readyz),
     path("metrics", ops.metrics),
+    # The client side as one file, for jobs that have only Python and curl (docs/github-actions.md).
+    path("runner/gantry-runner.pyz", runner_client.latest),
+    path("runner/gantry-runner-<str:version>.pyz", runner_client.versioned),
 ]
 
 # JSON errors for API paths that match no route (or crash), in the contract's shape.

@@ -9,12 +9,20 @@ services``); the functions live in one module per concern:
 - ``deployments`` — queue, skip, retry
 - ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete
 - ``tenancy`` — organizations, memberships, runner groups, stacks
+- ``github`` — github_actions runners: dispatch record, OIDC exchange, workflow run ended, release
 
 The one other place that moves a run is the poll's claim
 (``gantry.dispatch.claim``): pending → assigned, in one SQL statement.
 """
 
 from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
+from gantry.core.services.github import (
+    EndedRun,
+    github_runner_dispatched,
+    github_runner_oidc_exchange,
+    github_runner_release,
+    github_workflow_run_ended,
+)
 from gantry.core.services.runners import (
     RUNNER_METADATA,
     LostRunner,
@@ -56,11 +64,16 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "RETRYABLE",
     "RUNNER_METADATA",
+    "EndedRun",
     "LostRunner",
     "deployment_create",
     "deployment_retry",
     "deployment_skip",
     "dispatch_failed",
+    "github_runner_dispatched",
+    "github_runner_oidc_exchange",
+    "github_runner_release",
+    "github_workflow_run_ended",
     "holds_run_sql",
     "membership_set",
     "notify_claimable",

@@ -12,6 +12,7 @@ from rest_framework.authtoken.models import Token
 from gantry.core import specs, tokens
 from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken
 from gantry.core.models import (
+    GroupKind,
     Membership,
     Organization,
     Role,
@@ -101,6 +102,7 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
     """Create a group; returns it with its token (shown once, never stored)."""
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
+    fields.update(specs.validate_github_fields(fields.get("kind") or GroupKind.SELF_HOSTED, fields))
     if RunnerGroup.objects.filter(organization=org, name=name).exists():
         raise NameTaken(f"a runner group named {name!r} exists in this organization")
     group = RunnerGroup.objects.create(organization=org, name=name, **fields)
@@ -110,6 +112,11 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
 def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
+    if any(name in fields for name in specs.GITHUB_FIELDS):
+        # Checked whole: the group as it will be, not just the fields changed.
+        merged = {name: fields.get(name, getattr(group, name)) for name in specs.GITHUB_FIELDS}
+        clean = specs.validate_github_fields(group.kind, merged)
+        fields.update({name: clean[name] for name in specs.GITHUB_FIELDS if name in fields})
     if (
         "name" in fields
         and RunnerGroup.objects.filter(organization_id=group.organization_id, name=fields["name"])
