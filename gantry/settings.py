@@ -244,6 +244,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": envstr("GANTRY_LOG_LEVEL", "INFO").upper()},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # One line per GitHub call at INFO; the dispatcher logs what matters.
+        "httpx": {"level": "WARNING"},
     },
 }
 

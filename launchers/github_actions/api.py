@@ -44,6 +44,10 @@ T = TypeVar("T")
 # How long a repository's App installation id is believed before it is asked
 # again (an App can be uninstalled and reinstalled, which changes the id).
 INSTALLATION_TTL = 3600.0
+# The REST API version asked for: GitHub's long-standing one, which every
+# supported GitHub Enterprise Server knows (a newer version header is a 400
+# there) and whose description has return_run_details.
+API_VERSION = "2022-11-28"
 # Per request: GitHub answers within a second or two; a hung connection must
 # not hold a dispatcher tick for long.
 REQUEST_TIMEOUT = 20.0
@@ -178,7 +182,7 @@ class GitHubApi:
             if found is not None and found[1] > self._clock():
                 return found[0]
         try:
-            answer = self._app.rest.apps.get_repo_installation(owner, repo).json()
+            answer = self._app.rest(API_VERSION).apps.get_repo_installation(owner, repo).json()
         except Exception as exc:
             err = translate(exc, f"finding the GitHub App's installation on {owner}/{repo}")
             if err.status == 404:
@@ -217,7 +221,9 @@ class GitHubApi:
         extra: dict[str, Any] = {"return_run_details": True} if return_run_details else {}
 
         def call(gh: GitHub[Any]) -> Any:
-            return gh.rest.actions.create_workflow_dispatch(owner, repo, workflow_id, ref=ref, inputs=inputs, **extra)
+            return gh.rest(API_VERSION).actions.create_workflow_dispatch(
+                owner, repo, workflow_id, ref=ref, inputs=inputs, **extra
+            )
 
         resp = self._call(owner, repo, f"dispatching {owner}/{repo} {workflow} at {ref}", call)
         body = resp.json() if resp.status_code == 200 and resp.raw_response.content else None
@@ -231,7 +237,7 @@ class GitHubApi:
             return f".github/workflows/{workflow}"
         answer = self._call(
             owner, repo, f"reading workflow {workflow} of {owner}/{repo}",
-            lambda gh: gh.rest.actions.get_workflow(owner, repo, int(workflow)).json(),
+            lambda gh: gh.rest(API_VERSION).actions.get_workflow(owner, repo, int(workflow)).json(),
         )  # fmt: skip
         return str(answer["path"])
 
@@ -246,7 +252,7 @@ class GitHubApi:
         for page in range(1, max_pages + 1):
 
             def call(gh: GitHub[Any], page: int = page) -> Any:
-                return gh.rest.actions.list_workflow_runs(
+                return gh.rest(API_VERSION).actions.list_workflow_runs(
                     owner, repo, workflow_id, event="workflow_dispatch", created=f">={since}",
                     per_page=100, page=page, exclude_pull_requests=True, **extra,
                 ).json()  # fmt: skip
@@ -261,7 +267,7 @@ class GitHubApi:
     def workflow_run(self, owner: str, repo: str, run_id: int) -> WorkflowRun:
         answer = self._call(
             owner, repo, f"reading workflow run {run_id} of {owner}/{repo}",
-            lambda gh: gh.rest.actions.get_workflow_run(owner, repo, run_id).json(),
+            lambda gh: gh.rest(API_VERSION).actions.get_workflow_run(owner, repo, run_id).json(),
         )  # fmt: skip
         return _run(answer)
 
@@ -270,7 +276,7 @@ class GitHubApi:
         try:
             self._call(
                 owner, repo, f"cancelling workflow run {run_id} of {owner}/{repo}",
-                lambda gh: gh.rest.actions.cancel_workflow_run(owner, repo, run_id),
+                lambda gh: gh.rest(API_VERSION).actions.cancel_workflow_run(owner, repo, run_id),
             )  # fmt: skip
         except GitHubError as exc:
             if exc.status in (404, 409):
