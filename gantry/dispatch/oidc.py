@@ -11,9 +11,9 @@ it is *this runner's* workflow run is the exchange service's question
 
 The JWKS is found through the issuer's discovery document and kept per
 process. A token signed with a key id the cached set does not hold makes it
-fetch the set again (GitHub rotates keys), at most once per
-:data:`REFRESH_FLOOR` seconds: a stream of tokens with made-up key ids must
-not turn into a stream of fetches. Fetches use the standard library with a
+fetch the set again (GitHub rotates keys); such forced fetches happen at most
+once per :data:`REFRESH_FLOOR` seconds, so a stream of tokens with made-up key
+ids does not turn into a stream of fetches. Fetches use the standard library with a
 short timeout, outside any database transaction.
 """
 
@@ -93,8 +93,12 @@ class JwksCache:
             now = self._clock()
             stale = self._set is None or now - self._set.fetched_at > MAX_AGE
             missing = self._set is not None and kid not in self._set.keys
-            if stale or (missing and now - self._last_fetch >= REFRESH_FLOOR):
-                self._last_fetch = now
+            forced = missing and now - self._last_fetch >= REFRESH_FLOOR
+            if stale or forced:
+                if forced:
+                    # Only refreshes an unknown kid forced count against the floor: the
+                    # first token signed with a freshly rotated key is never refused.
+                    self._last_fetch = now
                 try:
                     self._set = self._fetch()
                 except (OSError, ValueError, KeyError) as exc:
