@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import httpx
 from githubkit import AppAuthStrategy, GitHub, TokenAuthStrategy
+from githubkit.cache import MemCacheStrategy
 from githubkit.exception import RateLimitExceeded, RequestError, RequestFailed, RequestTimeout
 
 T = TypeVar("T")
@@ -157,6 +158,9 @@ class GitHubApi:
             "http_cache": False,  # every answer must be fresh (run status, dispatch)
             "timeout": timeout,
             "user_agent": USER_AGENT,
+            # This object's own cache of the App's JWT and installation tokens
+            # (githubkit's default is process-wide and keyed by App id only).
+            "cache_strategy": MemCacheStrategy(),
         }
         self.api_url = api_url
         self._clock = clock

@@ -217,3 +217,36 @@ def test_a_run_whose_runner_may_still_boot_is_not_dispatched_again(acme: Organiz
     # ...so the next tick sends one new workflow run, never a second live one.
     again = Dispatcher().tick(now + timedelta(minutes=10, seconds=1))
     assert again.launched == 1 and len(github.dispatches) == 2
+
+
+def test_manage_py_dispatch_once_runs_one_tick(acme: Organization, github: FakeGitHub) -> None:
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    gha_group(acme)
+    (run,) = pending_runs(acme, 1)
+    out = io.StringIO()
+
+    call_command("dispatch", "--once", stdout=out)
+
+    assert "launched=1" in out.getvalue()
+    assert Run.objects.get(id=run.id).status == RunStatus.ASSIGNED
+    with pytest.raises(CommandError, match="--once"):
+        call_command("dispatch")
+
+
+def test_without_github_credentials_nothing_is_claimed(
+    acme: Organization, github: FakeGitHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gantry import conf
+
+    monkeypatch.delenv("GANTRY_GITHUB_TOKEN")
+    conf.github.cache_clear()
+    gha_group(acme)
+    (run,) = pending_runs(acme, 1)
+
+    result = Dispatcher().tick()
+
+    assert "not configured" in result.summary()
+    assert Run.objects.get(id=run.id).status == RunStatus.PENDING
