@@ -185,8 +185,10 @@ class DispatchCollector(Collector):
             "failed_open (Redis unavailable, dispatched anyway). Polls and the backend dispatcher alike.",
             labels=["outcome"],
         )
-        for outcome in throttle.OUTCOMES:
-            claims.add_metric([outcome], local.get(outcome, 0.0) + float(values.get(f"claims|{outcome}", 0)))
+        for claim_outcome in throttle.OUTCOMES:
+            claims.add_metric(
+                [claim_outcome], local.get(claim_outcome, 0.0) + float(values.get(f"claims|{claim_outcome}", 0))
+            )
         saturated = CounterMetricFamily(
             "gantry_dispatch_batch_saturated",
             "Backend dispatcher ticks whose candidate batch was full of runs it could serve (throttled orgs "

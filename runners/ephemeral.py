@@ -240,7 +240,7 @@ class EphemeralRunner:
         try:
             self.client.ready(
                 cfg.runner_id, hostname=socket.gethostname(), launcher=cfg.launcher, pid=os.getpid(),
-                **_workflow_run(),
+                workflow_run_id=_workflow_run_id(),
             )  # fmt: skip
         except ServerUnreachable as exc:
             return self._fault("runner.unreachable", f"ready: {exc}", EXIT_UNREACHABLE)
@@ -485,10 +485,10 @@ class EphemeralRunner:
         return EXIT_OK if result.outcome in ("succeeded", "cancelled") else EXIT_RUN_FAILED
 
 
-def _workflow_run() -> dict[str, int]:
+def _workflow_run_id() -> int | None:
     """Inside a GitHub Actions job: its workflow run id, for the ready call's metadata."""
     raw = os.environ.get("GITHUB_RUN_ID", "")
-    return {"workflow_run_id": int(raw)} if raw.isdigit() else {}
+    return int(raw) if raw.isdigit() else None
 
 
 def _write_exit_file(path: Path | None, code: int) -> None:

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 
 from gantry import conf
 from gantry.api.auth import IsRunner, IsRunnerGroup
-from gantry.api.common import group_of, runner_errors, runner_of, validated
+from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
 from gantry.api.serializers import SpecSerializer
 from gantry.core import services
 from gantry.core.errors import BackendDispatchedGroup, InvalidRequest
@@ -319,7 +319,19 @@ class OidcExchangeView(APIView):
         request=OidcExchangeSerializer,
         responses={
             200: RunnerTokenSerializer,
-            **runner_errors(400, 401, 403, 404),
+            **error_responses(
+                400,
+                401,
+                403,
+                404,
+                texts={
+                    401: "oidc_token_invalid: the token is malformed, signed with an unknown key, from another "
+                    "issuer, for another audience, or expired",
+                    403: "oidc_claims_mismatch: another repository, workflow or workflow run than this runner's "
+                    "dispatch; oidc_exchange_used: already exchanged once",
+                    404: "no such runner (its claim lapsed, or it was released)",
+                },
+            ),
         },
         auth=[],
         description="A github_actions workflow run exchanges its GitHub OIDC token for its runner token, once. "

@@ -31,6 +31,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import connection
 
@@ -100,7 +101,7 @@ class Candidate:
 
 def list_candidates(*, now: datetime, limit: int) -> list[Candidate]:
     """The tick's candidates: at most ``limit``, oldest first, each org within its room."""
-    params = {"now": now, "batch": limit, "max_per_org": conf.get().dispatch_max_per_org}
+    params: dict[str, Any] = {"now": now, "batch": limit, "max_per_org": conf.get().dispatch_max_per_org}
     with connection.cursor() as cur:
         cur.execute(CANDIDATES_SQL, params)
         rows = cur.fetchall()

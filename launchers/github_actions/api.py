@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 from githubkit import AppAuthStrategy, GitHub, TokenAuthStrategy
@@ -48,7 +48,7 @@ INSTALLATION_TTL = 3600.0
 # The REST API version asked for: GitHub's long-standing one, which every
 # supported GitHub Enterprise Server knows (a newer version header is a 400
 # there) and whose description has return_run_details.
-API_VERSION = "2022-11-28"
+API_VERSION: Literal["2022-11-28"] = "2022-11-28"
 # Per request: GitHub answers within a second or two; a hung connection must
 # not hold a dispatcher tick for long.
 REQUEST_TIMEOUT = 20.0
@@ -273,7 +273,7 @@ class GitHubApi:
             owner, repo, f"reading workflow run {run_id} of {owner}/{repo}",
             lambda gh: gh.rest(API_VERSION).actions.get_workflow_run(owner, repo, run_id).json(),
         )  # fmt: skip
-        return _run(answer)
+        return _run(dict(answer))
 
     def cancel(self, owner: str, repo: str, run_id: int) -> bool:
         """Cancel a workflow run; False when it has already finished (GitHub's 409), which is no failure."""
@@ -289,7 +289,7 @@ class GitHubApi:
         return True
 
 
-def _run(item: dict[str, Any]) -> WorkflowRun:
+def _run(item: Mapping[str, Any]) -> WorkflowRun:
     return WorkflowRun(
         id=int(item["id"]),
         status=str(item.get("status") or ""),

@@ -91,7 +91,9 @@ def github_app(issuer: OidcIssuer, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     server.close()
 
 
-def gha_group(org: Organization, name: str = "actions", labels: dict[str, str] | None = None, **fields: Any) -> RunnerGroup:
+def gha_group(
+    org: Organization, name: str = "actions", labels: dict[str, str] | None = None, **fields: Any
+) -> RunnerGroup:
     values: dict[str, Any] = {
         "kind": "github_actions", "labels": labels if labels is not None else {"ci": "github"},
         "github_owner": OWNER, "github_repo": REPO, "github_workflow": WORKFLOW, "github_ref": REF,

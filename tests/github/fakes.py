@@ -252,7 +252,7 @@ class FakeGitHub(_Server):
 
     def _authorized(self, headers: Any) -> bool:
         auth = str(headers.get("Authorization") or "")
-        scheme, _, value = auth.partition(" ")
+        _, _, value = auth.partition(" ")
         if self.token:
             return value == self.token
         return value in self.installation_tokens

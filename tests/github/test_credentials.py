@@ -52,7 +52,9 @@ def test_refused_credentials_are_a_definitive_failure(acme: Organization, github
     Dispatcher().tick()
 
     run.refresh_from_db()
-    assert run.status == RunStatus.FAILURE and "401" in run.failure_reason and "Bad credentials" in run.failure_reason
+    assert run.status == RunStatus.FAILURE
+    assert "401" in run.failure_reason
+    assert "Bad credentials" in run.failure_reason
 
 
 def test_a_server_that_ignores_return_run_details_finds_the_run_by_its_name(
@@ -70,7 +72,8 @@ def test_a_server_that_ignores_return_run_details_finds_the_run_by_its_name(
         assert str(runner.id) in github.runs[runner.workflow_run_id].display_title
     # From then on dispatches there carry the correlation input at once.
     assert "return_run_details" in github.dispatches[0]
-    assert "correlation" in github.dispatches[1]["inputs"] and "return_run_details" not in github.dispatches[1]
+    assert "correlation" in github.dispatches[1]["inputs"]
+    assert "return_run_details" not in github.dispatches[1]
     runner = Runner.objects.get(id=Run.objects.get(id=second.id).assigned_runner_id)
     assert runner.dispatch_correlation_sha256 != ""
     assert github.dispatches[1]["inputs"]["correlation"] not in runner.dispatch_correlation_sha256

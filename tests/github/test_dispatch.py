@@ -55,11 +55,12 @@ def test_a_workflow_named_by_id_is_dispatched_by_id_and_recorded_by_its_file(
 
 def test_a_github_404_fails_the_run_at_once_with_githubs_message(acme: Organization, github: FakeGitHub) -> None:
     group = gha_group(acme, github_workflow="missing.yml")
-    first, second = pending_runs(acme, 1, prefix="a") + pending_runs(acme, 1, prefix="b")
+    first, _second = pending_runs(acme, 1, prefix="a") + pending_runs(acme, 1, prefix="b")
 
     result = Dispatcher().tick()
 
-    assert result.failed == 2 and result.launched == 0
+    assert result.failed == 2
+    assert result.launched == 0
     first.refresh_from_db()
     assert first.status == RunStatus.FAILURE
     assert "GitHub answered 404: Not Found" in first.failure_reason
@@ -84,7 +85,8 @@ def test_a_failed_dispatch_promotes_the_stacks_next_run(acme: Organization, gith
     run.refresh_from_db()
     queued.refresh_from_db()
     assert run.status == RunStatus.FAILURE
-    assert "422" in run.failure_reason and "Unexpected inputs" in run.failure_reason
+    assert "422" in run.failure_reason
+    assert "Unexpected inputs" in run.failure_reason
     assert queued.status in (RunStatus.PENDING, RunStatus.ASSIGNED)  # the lane moved on
 
 
@@ -95,7 +97,8 @@ def test_a_403_without_permission_is_definitive(acme: Organization, github: Fake
 
     result = Dispatcher().tick()
 
-    assert result.failed == 1 and result.retried == 0
+    assert result.failed == 1
+    assert result.retried == 0
     group.refresh_from_db()
     assert "Resource not accessible by integration" in group.last_dispatch_error
 
@@ -109,12 +112,16 @@ def test_a_503_is_retried_and_then_succeeds(acme: Organization, github: FakeGitH
 
     first = dispatcher.tick(now)
 
-    assert first.retried == 1 and first.launched == 0 and first.failed == 0
+    assert first.retried == 1
+    assert first.launched == 0
+    assert first.failed == 0
     run.refresh_from_db()
     assert run.status == RunStatus.ASSIGNED  # the claim is kept
     assert dispatcher.next_retry_in(now) == pytest.approx(7, abs=0.01)
     early = dispatcher.tick(now + timedelta(seconds=3))  # before Retry-After: neither retried nor new claims
-    assert early.launched == 0 and early.retried == 0 and sum(early.claims.values()) == 0
+    assert early.launched == 0
+    assert early.retried == 0
+    assert sum(early.claims.values()) == 0
 
     later = dispatcher.tick(now + timedelta(seconds=8))
 
@@ -141,7 +148,8 @@ def test_a_transient_failure_that_outlasts_the_lease_fails_the_run(acme: Organiz
 
     run.refresh_from_db()
     assert run.status == RunStatus.FAILURE
-    assert "502" in run.failure_reason and "gave up after" in run.failure_reason
+    assert "502" in run.failure_reason
+    assert "gave up after" in run.failure_reason
 
 
 def test_a_rate_limit_pauses_new_claims_until_the_reset(acme: Organization, github: FakeGitHub) -> None:
@@ -149,14 +157,17 @@ def test_a_rate_limit_pauses_new_claims_until_the_reset(acme: Organization, gith
     pending_runs(acme, 3)
     reset = int((timezone.now() + timedelta(seconds=30)).timestamp())
     github.next_dispatch.append(
-        Answer(403, {"message": "API rate limit exceeded"}, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)})
+        Answer(
+            403, {"message": "API rate limit exceeded"}, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}
+        )
     )
     dispatcher = Dispatcher()
     now = timezone.now()
 
     first = dispatcher.tick(now)
 
-    assert first.retried == 1 and first.launched == 0
+    assert first.retried == 1
+    assert first.launched == 0
     assert sum(first.claims.values()) == 1  # stopped claiming: nothing claimed that could not be dispatched
     assert Run.objects.filter(status=RunStatus.ASSIGNED).count() == 1
     after = dispatcher.tick(now + timedelta(seconds=45))
@@ -204,19 +215,23 @@ def test_a_run_whose_runner_may_still_boot_is_not_dispatched_again(acme: Organiz
     # The lease lapses: the run is pending again but keeps its runner pointer.
     services.run_reset_lease(run_id=run.id, now=now + timedelta(minutes=10))
     run.refresh_from_db()
-    assert run.status == RunStatus.PENDING and run.assigned_runner_id is not None
+    assert run.status == RunStatus.PENDING
+    assert run.assigned_runner_id is not None
 
     result = Dispatcher().tick(now + timedelta(minutes=10))
 
     # Not a candidate while its runner exists; the release pass then cancels
     # that workflow run (it can never accept now) and deletes the runner...
-    assert result.candidates == 0 and result.launched == 0
+    assert result.candidates == 0
+    assert result.launched == 0
     (first,) = github.runs.values()
-    assert result.released == 1 and github.cancels == [first.id]
+    assert result.released == 1
+    assert github.cancels == [first.id]
     assert not Runner.objects.filter(id=run.assigned_runner_id).exists()
     # ...so the next tick sends one new workflow run, never a second live one.
     again = Dispatcher().tick(now + timedelta(minutes=10, seconds=1))
-    assert again.launched == 1 and len(github.dispatches) == 2
+    assert again.launched == 1
+    assert len(github.dispatches) == 2
 
 
 def test_manage_py_dispatch_once_runs_one_tick(acme: Organization, github: FakeGitHub) -> None:

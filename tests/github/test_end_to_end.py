@@ -51,7 +51,7 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str, github: FakeG
 @pytest.fixture
 def serving(
     live_server: Any, github: FakeGitHub, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[str]:
+) -> str:
     settings.GANTRY_LOG_DIR = str(tmp_path / "logs")
     settings.GANTRY_S3_BUCKET = ""
     # Quick status and live-log ticks for the runner; a backstop tick far beyond this test's waits.
@@ -62,7 +62,7 @@ def serving(
     github.actions = True
     github.variables = {"GANTRY_OIDC_AUDIENCE": AUDIENCE}
     github.actions_env = {"GANTRY_STOP_GRACE": "3"}
-    yield live_server.url
+    return str(live_server.url)
 
 
 @pytest.fixture
@@ -112,7 +112,8 @@ def test_a_queued_run_succeeds_on_a_workflow_run_with_its_log(
     assert run.status == RunStatus.SUCCEEDED, run.failure_reason
     assert run.exit_code == 0
     kinds = [e.kind for e in run.events.all()]
-    assert kinds[:3] == ["created", "assigned", "accepted"] and kinds[-1] == "finished"
+    assert kinds[:3] == ["created", "assigned", "accepted"]
+    assert kinds[-1] == "finished"
     # The log, read back through the API as a user would.
     token, _ = Token.objects.get_or_create(user=teammate)
     user = APIClient()
@@ -127,7 +128,8 @@ def test_a_queued_run_succeeds_on_a_workflow_run_with_its_log(
     assert workflow_run.inputs["correlation"] == ""
     wait_until(lambda: workflow_run.status == "completed", 30, "the job to end", github)
     assert workflow_run.conclusion == "success"
-    assert workflow_run.log is not None and "runner.oidc_exchanged" in workflow_run.log.read_text()
+    assert workflow_run.log is not None
+    assert "runner.oidc_exchanged" in workflow_run.log.read_text()
     # The runner deregistered: nothing is left in flight.
     assert not Runner.objects.exists()
 

@@ -29,7 +29,7 @@ def in_flight(org: Organization) -> int:
 
 
 def spend_budget(org: Organization, rate: int, *, leave: int = 0) -> None:
-    """The org at ``rate`` per hour with only ``leave`` tokens left of its burst (rate × 24)."""
+    """The org at ``rate`` per hour with only ``leave`` tokens left of its burst (rate * 24)."""
     services.org_set_runs_per_hour_limit(org=org, limit=rate)
     for _ in range(rate * throttle.BURST_HOURS - leave):
         assert throttle.take(organization_id=org.id, rate=rate).allowed
@@ -55,9 +55,11 @@ def test_a_throttled_org_costs_one_claim_per_tick_is_deferred_and_comes_back_whe
     assert first.throttled_orgs == {acme.id}
     assert dispatches("limited") == limited + 1
     assert dispatches("dispatched") == dispatched + 2
-    assert in_flight(acme) == 0 and in_flight(globex) == 2
+    assert in_flight(acme) == 0
+    assert in_flight(globex) == 2
     acme.refresh_from_db()
-    assert acme.dispatch_throttled_until is not None and acme.dispatch_throttled_until > now
+    assert acme.dispatch_throttled_until is not None
+    assert acme.dispatch_throttled_until > now
     assert Run.objects.filter(organization=acme, status=RunStatus.PENDING).count() == 5  # rolled back
 
     second = Dispatcher().tick(now + timedelta(seconds=1))
@@ -102,7 +104,8 @@ def test_a_heavy_org_dispatches_its_cap_and_yields(
         assert in_flight(acme) == 5
     # One of acme's runs finishes and its runner goes away: exactly one more.
     done = Run.objects.filter(organization=acme, status=RunStatus.ASSIGNED).first()
-    assert done is not None and done.assigned_runner_id is not None
+    assert done is not None
+    assert done.assigned_runner_id is not None
     services.run_accept(run_id=done.id, runner_id=done.assigned_runner_id)
     services.run_finish(run_id=done.id, runner_id=done.assigned_runner_id, outcome="succeeded", exit_code=0)
     services.runner_deregister(runner_id=done.assigned_runner_id)
@@ -156,7 +159,8 @@ def test_an_org_another_dispatcher_holds_is_skipped_not_waited_on(
 
     assert result.busy_orgs == {acme.id}
     assert result.claims[acme.id] == 0
-    assert in_flight(acme) == 0 and in_flight(globex) == 2
+    assert in_flight(acme) == 0
+    assert in_flight(globex) == 2
 
 
 @pytest.mark.django_db(transaction=True)

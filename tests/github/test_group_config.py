@@ -37,7 +37,8 @@ def test_each_field_is_required(acme: Organization, owner_api: APIClient, field:
 
     assert response.status_code == 400
     assert response.json()["code"] == "invalid_request"
-    assert field in response.json()["detail"] and field in response.json()["fields"]
+    assert field in response.json()["detail"]
+    assert field in response.json()["fields"]
     assert not RunnerGroup.objects.exists()
 
 
@@ -79,8 +80,10 @@ def test_an_update_is_checked_against_the_whole_group(acme: Organization, owner_
     blanked = owner_api.patch(f"/api/v1/runner-groups/{group_id}", {"github_ref": ""}, format="json")
     moved = owner_api.patch(f"/api/v1/runner-groups/{group_id}", {"github_ref": "release"}, format="json")
 
-    assert blanked.status_code == 400 and list(blanked.json()["fields"]) == ["github_ref"]
-    assert moved.status_code == 200 and moved.json()["github_ref"] == "release"
+    assert blanked.status_code == 400
+    assert list(blanked.json()["fields"]) == ["github_ref"]
+    assert moved.status_code == 200
+    assert moved.json()["github_ref"] == "release"
     assert RunnerGroup.objects.get(id=group_id).github_repo == "deploys"
 
 

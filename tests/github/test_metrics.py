@@ -44,19 +44,22 @@ def test_a_full_batch_counts_as_saturated_and_a_short_one_does_not(
 
     full = Dispatcher(batch_size=3).tick()
 
-    assert full.saturated and full.servable == 3
+    assert full.saturated
+    assert full.servable == 3
     assert saturated() == before + 1
     assert 90 <= oldest() < 150
 
     short = Dispatcher(batch_size=3).tick()  # the last two
 
-    assert short.servable == 2 and not short.saturated
+    assert short.servable == 2
+    assert not short.saturated
     assert saturated() == before + 1
     assert sample("gantry_dispatch_tick_duration_seconds_count") == ticks + 2
     assert sample("gantry_dispatch_launches_total", outcome="launched") >= 5
 
     idle = Dispatcher(batch_size=3).tick()
-    assert idle.candidates == 0 and oldest() == 0.0
+    assert idle.candidates == 0
+    assert oldest() == 0.0
 
 
 def test_the_oldest_dispatchable_age_leaves_out_an_org_the_throttle_refused(
@@ -79,9 +82,11 @@ def test_the_oldest_dispatchable_age_leaves_out_an_org_the_throttle_refused(
     result = Dispatcher(batch_size=3).tick()
 
     assert result.candidates == 3  # the batch was full...
-    assert result.launched == 2 and result.throttled_orgs == {acme.id}
+    assert result.launched == 2
+    assert result.throttled_orgs == {acme.id}
     assert dispatches("limited") == limited + 1  # ...acme's budget is what the limited count reports,
-    assert not result.saturated and saturated() == before  # ...not dispatcher saturation,
+    assert not result.saturated
+    assert saturated() == before  # ...not dispatcher saturation,
     assert 5 <= oldest() < 60  # ...nor an hour-old dispatch latency: only globex's run counts.
 
 

@@ -62,7 +62,8 @@ def test_it_answers_a_runner_token_that_works_on_the_runner_routes(
     as_runner.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     assert as_runner.post(f"/api/v1/runners/{runner.id}/ready", {}, format="json").status_code == 204
     accepted = as_runner.post(f"/api/v1/runs/{run.id}/accept", format="json")
-    assert accepted.status_code == 200 and accepted.json()["run_id"] == str(run.id)
+    assert accepted.status_code == 200
+    assert accepted.json()["run_id"] == str(run.id)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +108,8 @@ def test_it_refuses_a_token_signed_with_a_key_the_issuer_does_not_publish(
     forged = issuer.mint(key=rsa_key(), kid="unknown-kid", **good_claims(runner))
     response = api.post(url(runner.id), {"token": forged}, format="json")
 
-    assert response.status_code == 401 and response.json()["code"] == "oidc_token_invalid"
+    assert response.status_code == 401
+    assert response.json()["code"] == "oidc_token_invalid"
     assert issuer.jwks_fetches == fetched + 1  # an unknown kid makes Gantry look at the JWKS again, once
     again = api.post(url(runner.id), {"token": forged}, format="json")
     assert again.status_code == 401
@@ -119,7 +121,7 @@ def test_it_refuses_a_token_signed_with_a_key_the_issuer_does_not_publish(
 
 
 def test_a_replayed_exchange_is_refused(acme: Organization, github: FakeGitHub, issuer: OidcIssuer) -> None:
-    run, runner = dispatched(acme)
+    _, runner = dispatched(acme)
     token = issuer.mint(**good_claims(runner))
     api = APIClient()
     assert api.post(url(runner.id), {"token": token}, format="json").status_code == 200
@@ -128,8 +130,10 @@ def test_a_replayed_exchange_is_refused(acme: Organization, github: FakeGitHub, 
     replay = api.post(url(runner.id), {"token": token}, format="json")
     fresh = api.post(url(runner.id), {"token": issuer.mint(**good_claims(runner))}, format="json")
 
-    assert replay.status_code == 403 and replay.json()["code"] == "oidc_exchange_used"
-    assert fresh.status_code == 403 and fresh.json()["code"] == "oidc_exchange_used"
+    assert replay.status_code == 403
+    assert replay.json()["code"] == "oidc_exchange_used"
+    assert fresh.status_code == 403
+    assert fresh.json()["code"] == "oidc_exchange_used"
     assert Runner.objects.get(id=runner.id).oidc_exchanged_at == stamped
 
 
@@ -144,7 +148,8 @@ def test_a_runner_of_another_run_cannot_use_this_runs_token(
     # The workflow run dispatched for runner one presents its (genuine) token at runner two.
     response = APIClient().post(url(two.id), {"token": issuer.mint(**good_claims(one))}, format="json")
 
-    assert response.status_code == 403 and response.json()["code"] == "oidc_claims_mismatch"
+    assert response.status_code == 403
+    assert response.json()["code"] == "oidc_claims_mismatch"
     assert Runner.objects.get(id=two.id).oidc_exchanged_at is None
 
 
@@ -154,13 +159,16 @@ def test_a_malformed_body_is_a_400_and_garbage_is_a_401(acme: Organization, gith
 
     assert api.post(url(runner.id), {}, format="json").status_code == 400
     response = api.post(url(runner.id), {"token": "not-a-jwt"}, format="json")
-    assert response.status_code == 401 and response.json()["code"] == "oidc_token_invalid"
+    assert response.status_code == 401
+    assert response.json()["code"] == "oidc_token_invalid"
     hs = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.e30.ZRrHA1JJJW8opsbCGfG_HACGpVUMN_a9IV7pAx_Zmeo"
     assert api.post(url(runner.id), {"token": hs}, format="json").json()["code"] == "oidc_token_invalid"
     assert Runner.objects.get(id=runner.id).oidc_exchanged_at is None
 
 
-def test_a_self_hosted_runner_cannot_be_exchanged_for(acme: Organization, github: FakeGitHub, issuer: OidcIssuer) -> None:
+def test_a_self_hosted_runner_cannot_be_exchanged_for(
+    acme: Organization, github: FakeGitHub, issuer: OidcIssuer
+) -> None:
     from gantry.dispatch.claim import claim
     from tests.dispatch.helpers import deploy, make_group, make_stack
 
@@ -172,4 +180,5 @@ def test_a_self_hosted_runner_cannot_be_exchanged_for(acme: Organization, github
 
     response = APIClient().post(url(got.runner_id), {"token": issuer.mint(**claims)}, format="json")
 
-    assert response.status_code == 403 and response.json()["code"] == "oidc_claims_mismatch"
+    assert response.status_code == 403
+    assert response.json()["code"] == "oidc_claims_mismatch"

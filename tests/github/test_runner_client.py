@@ -43,7 +43,9 @@ def test_the_versioned_file_is_a_zipapp_of_the_runners_package_named_by_its_hash
     assert archive.version == archive.sha256[:12]
     assert "immutable" in response["Cache-Control"]
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
-    assert "__main__.py" in names and "runners/ephemeral.py" in names and "runners/client.py" in names
+    assert "__main__.py" in names
+    assert "runners/ephemeral.py" in names
+    assert "runners/client.py" in names
     assert not [n for n in names if not (n == "__main__.py" or n.startswith("runners/"))]
     # Built the same way, it is the same file: every web process serves the same version.
     runner_client.archive.cache_clear()
@@ -64,7 +66,8 @@ def test_the_file_runs_with_nothing_but_python(tmp_path: Path) -> None:
     assert helped.returncode == 0, helped.stderr
     assert "GANTRY_SERVER" in helped.stdout
     missing = subprocess.run([sys.executable, "-I", str(pyz)], env=env, capture_output=True, text=True)
-    assert missing.returncode == 2 and "an OIDC token to exchange" in missing.stderr
+    assert missing.returncode == 2
+    assert "an OIDC token to exchange" in missing.stderr
 
 
 @pytest.mark.django_db(transaction=True)
@@ -90,6 +93,8 @@ def test_a_runner_whose_oidc_token_is_refused_exits_2_and_changes_nothing(
     done = subprocess.run([sys.executable, "-I", str(pyz)], env=env, capture_output=True, text=True, timeout=60)
 
     assert done.returncode == 2, done.stderr
-    assert "runner.oidc_refused" in done.stderr and "oidc_token_invalid" in done.stderr
+    assert "runner.oidc_refused" in done.stderr
+    assert "oidc_token_invalid" in done.stderr
     row = Runner.objects.get(id=runner.id)
-    assert row.oidc_exchanged_at is None and row.status == "not_ready"
+    assert row.oidc_exchanged_at is None
+    assert row.status == "not_ready"
