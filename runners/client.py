@@ -393,21 +393,6 @@ class GantryClient:
         data = self.request("POST", f"/api/v1/runners/{runner_id}/oidc-exchange", body=body, auth=False).json()
         return str(data["runner_token"])
 
-
-def fetch_actions_oidc_token(request_url: str, request_token: str, audience: str, timeout: float = 30.0) -> str:
-    """Ask GitHub Actions for an OIDC token for ``audience`` (the job needs ``permissions: id-token: write``).
-
-    ``request_url`` and ``request_token`` are the job's ``ACTIONS_ID_TOKEN_REQUEST_URL`` and
-    ``ACTIONS_ID_TOKEN_REQUEST_TOKEN``; GitHub answers ``{"value": "<jwt>"}``.
-    """
-    sep = "&" if "?" in request_url else "?"
-    url = f"{request_url}{sep}{urllib.parse.urlencode({'audience': audience})}"
-    client = GantryClient(url, request_token, timeout=timeout, scheme="bearer")
-    data = client.request("GET", url).json()
-    if not isinstance(data, dict) or not data.get("value"):
-        raise ApiError(0, "oidc_unavailable", "GitHub Actions answered no OIDC token")
-    return str(data["value"])
-
     # ------------------------------------------------------------ users (API token; scheme="Token")
 
     def create_deployment(self, stack_id: int, spec: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -431,3 +416,18 @@ def fetch_actions_oidc_token(request_url: str, request_token: str, audience: str
         data = self.request("GET", f"/api/v1/runs/{run_id}/logs", query={"offset": offset}).json()
         assert isinstance(data, dict)
         return data
+
+
+def fetch_actions_oidc_token(request_url: str, request_token: str, audience: str, timeout: float = 30.0) -> str:
+    """Ask GitHub Actions for an OIDC token for ``audience`` (the job needs ``permissions: id-token: write``).
+
+    ``request_url`` and ``request_token`` are the job's ``ACTIONS_ID_TOKEN_REQUEST_URL`` and
+    ``ACTIONS_ID_TOKEN_REQUEST_TOKEN``; GitHub answers ``{"value": "<jwt>"}``.
+    """
+    sep = "&" if "?" in request_url else "?"
+    url = f"{request_url}{sep}{urllib.parse.urlencode({'audience': audience})}"
+    client = GantryClient(url, request_token, timeout=timeout, scheme="bearer")
+    data = client.request("GET", url).json()
+    if not isinstance(data, dict) or not data.get("value"):
+        raise ApiError(0, "oidc_unavailable", "GitHub Actions answered no OIDC token")
+    return str(data["value"])

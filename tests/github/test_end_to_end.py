@@ -97,6 +97,8 @@ def test_a_queued_run_succeeds_on_a_workflow_run_with_its_log(
         "steps": [
             {"name": "hello", "run": 'echo "hello from $WHO"'},
             {"name": "count", "run": "for i in 1 2 3; do echo tick $i; done"},
+            # No step sees a credential, nor the means to get one (the job's OIDC request variables).
+            {"name": "secrets", "run": "echo leaked=$(env | grep -c -E 'ACTIONS_ID_TOKEN|RUNNER_TOKEN|OIDC' || true)"},
         ],
         "env": {"WHO": "actions"},
     }
@@ -122,6 +124,7 @@ def test_a_queued_run_succeeds_on_a_workflow_run_with_its_log(
     assert log["complete"] is True
     assert "hello from actions\n" in log["text"]
     assert "tick 1\ntick 2\ntick 3\n" in log["text"]
+    assert "leaked=0\n" in log["text"]
     # GitHub's side: one workflow run, dispatched with the three inputs, finished well.
     (workflow_run,) = github.runs.values()
     assert set(workflow_run.inputs) == {"gantry_url", "run_id", "runner_id", "correlation"}
