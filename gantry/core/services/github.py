@@ -62,6 +62,12 @@ def github_runner_dispatched(
     return Runner.objects.filter(id=runner_id).update(**fields) == 1
 
 
+def _runner_run(runner_id: uuid.UUID) -> tuple[uuid.UUID, str] | None:
+    """The run this runner was claimed for, and its status (the pointer stays on a finished run)."""
+    row = Run.objects.filter(assigned_runner_id=runner_id).order_by("-assigned_at").values_list("id", "status").first()
+    return (row[0], str(row[1])) if row is not None else None
+
+
 def _same(a: str, b: str) -> bool:
     # Owner and repository names are case-insensitive on GitHub.
     return a.lower() == b.lower()
@@ -122,14 +128,10 @@ def github_runner_oidc_exchange(
         learnt = _check_claims(runner, group, claims, correlation)
         if runner.oidc_exchanged_at is not None:
             raise OidcExchangeUsed("this runner's credentials were already exchanged; each exchange works once")
-        run_id = (
-            Run.objects.filter(assigned_runner_id=runner_id)
-            .order_by("-assigned_at")
-            .values_list("id", flat=True)
-            .first()
-        )
-        if run_id is None:
+        held = _runner_run(runner_id)
+        if held is None:
             raise OidcClaimsMismatch("this runner holds no run")
+        run_id = held[0]
         fields: dict[str, Any] = {"oidc_exchanged_at": now}
         if learnt is not None:
             fields["workflow_run_id"] = learnt
@@ -165,12 +167,7 @@ def github_workflow_run_ended(
         )
         if runner is None:
             return None
-        held = (
-            Run.objects.filter(assigned_runner_id=runner_id)
-            .order_by("-assigned_at")
-            .values_list("id", "status")
-            .first()
-        )
+        held = _runner_run(runner_id)
         if held is None:
             return EndedRun(run_id=None, started=False)
         run_id, status = held
