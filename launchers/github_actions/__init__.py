@@ -24,8 +24,9 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 
 from launchers import register
 from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
@@ -75,6 +76,13 @@ class GitHubActionsLauncher(Launcher):
         self.workflow = workflow
         self.ref = ref
         self._sleep = sleep
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
+        raise ValueError(
+            "the github_actions launcher runs inside Gantry's backend dispatcher (manage.py dispatcher), "
+            "not in a coordinator: create a github_actions runner group instead (docs/github-actions.md)"
+        )
 
     def workflow_path(self) -> str:
         key = (self.api.api_url, self.owner.lower(), self.repo.lower(), self.workflow)

@@ -77,3 +77,27 @@ def test_a_server_that_ignores_return_run_details_finds_the_run_by_its_name(
     runner = Runner.objects.get(id=Run.objects.get(id=second.id).assigned_runner_id)
     assert runner.dispatch_correlation_sha256 != ""
     assert github.dispatches[1]["inputs"]["correlation"] not in runner.dispatch_correlation_sha256
+
+
+def test_the_launcher_interface_reads_and_cancels_workflow_runs(github: FakeGitHub) -> None:
+    import launchers
+    from gantry import conf
+    from launchers.github_actions.api import GitHubApi
+
+    cfg = conf.github()
+    launcher = launchers.get("github_actions")(
+        api=GitHubApi(api_url=cfg.api_url, token=cfg.token), owner=OWNER, repo=REPO, workflow="gantry-runner.yml",
+        ref="main",
+    )  # fmt: skip
+    assignment = launchers.Assignment(server="http://127.0.0.1:9", run_id="r-1", runner_id="n-1", runner_token="")
+
+    handle = launcher.launch(assignment)
+
+    assert handle.kind == "github_actions"
+    assert int(handle.ident) in github.runs
+    assert launcher.is_alive(handle)  # GET /actions/runs/{id}: queued
+    assert launcher.discover() == []  # Gantry's runner rows are the record, not GitHub
+    launcher.terminate(handle)
+    assert github.cancels == [int(handle.ident)]
+    assert not launcher.is_alive(handle)  # completed (cancelled)
+    launcher.terminate(handle)  # cancelling a finished run is no failure (GitHub's 409)

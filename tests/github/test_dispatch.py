@@ -265,3 +265,24 @@ def test_without_github_credentials_nothing_is_claimed(
 
     assert "not configured" in result.summary()
     assert Run.objects.get(id=run.id).status == RunStatus.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_celery_task_runs_the_dispatcher_loop_for_its_period(
+    acme: Organization, github: FakeGitHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import connections
+
+    from gantry.celery import app
+    from gantry.dispatch import tasks
+
+    assert "gantry.dispatch.loop" in app.tasks
+    monkeypatch.setattr(tasks, "LOOP_SECONDS", 0.5)
+    gha_group(acme)
+    (run,) = pending_runs(acme, 1)
+
+    tasks.loop()  # as a worker would run it; returns once its period is over
+
+    connections.close_all()
+    assert Run.objects.get(id=run.id).status == RunStatus.ASSIGNED
+    assert len(github.dispatches) == 1
