@@ -15,9 +15,10 @@ A tick:
    contention: trying its next run would only roll back again); an empty
    claim (a SKIP LOCKED miss, a group that filled up) moves on, and that group
    is not asked again this tick;
-4. runs the two passes against GitHub (``workflows``): cancel the workflow
-   runs of runners that can no longer accept, and fail the runs whose
-   workflow run ended without Gantry hearing ``done``;
+4. runs the passes against GitHub (``workflows``): cancel the workflow runs
+   of runners that can no longer accept, and of runs whose cancellation their
+   runner did not carry out in time, and settle the runs whose workflow run
+   ended without Gantry hearing ``done``;
 5. records its figures (``gantry.metrics.record_dispatch_tick``), over only
    the candidates it could serve: an org the throttle refused during the tick
    is dropped, so ``gantry_dispatch_batch_saturated_total`` and
@@ -144,6 +145,7 @@ class Dispatcher:
             self._retry_due(now, result, launches)
             servable = self._dispatch(now, result, launches)
             result.released = workflows.release_pass(self.github, now=now)
+            workflows.cancel_overdue_pass(self.github, now=now)
             result.ended = workflows.reconcile_pass(self.github, now=now)
         result.servable = len(servable)
         result.saturated = len(servable) >= self.batch_size

@@ -7,6 +7,9 @@
   the group's slot and, through the foreign key, the run (re-queued ones are
   dispatched again; One Runner Per Run holds because the old workflow run is
   cancelled first).
+- :func:`cancel_overdue_pass`: a run whose cancellation was asked and whose
+  runner has not stopped it :data:`CANCEL_GRACE` later has its workflow run
+  cancelled (the runner normally stops its steps and reports within seconds).
 - :func:`reconcile_pass`: a workflow run that ended while Gantry still has its
   runner ended without ``done`` (a runner that reports done deregisters before
   its job ends). Found by listing each group's completed ``workflow_dispatch``
@@ -27,7 +30,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection
 
@@ -56,6 +59,21 @@ ORDER BY rn.created_at, rn.id
 LIMIT %(limit)s
 """
 
+# Runs whose cancellation was asked over CANCEL_GRACE ago and whose runner has
+# not stopped them: their workflow run is cancelled (the runner normally stops
+# its steps, ships the log and reports within seconds). Driven from the
+# github_actions runners, through the one-run-per-runner index.
+CANCEL_GRACE = timedelta(minutes=2)
+OVERDUE_CANCELS_SQL = """
+SELECT rn.id, rn.workflow_run_id, rn.runner_group_id FROM runner rn
+JOIN runner_group g ON g.id = rn.runner_group_id
+JOIN run r ON r.assigned_runner_id = rn.id AND r.status IN ('requested_cancellation', 'cancelling')
+WHERE g.kind = 'github_actions' AND rn.status = 'busy' AND rn.workflow_run_id IS NOT NULL
+  AND r.cancel_requested_at < %(before)s
+ORDER BY r.cancel_requested_at
+LIMIT %(limit)s
+"""
+
 LIVE_DISPATCHES_SQL = """
 SELECT rn.runner_group_id, rn.id, rn.workflow_run_id, rn.dispatched_at FROM runner rn
 JOIN runner_group g ON g.id = rn.runner_group_id
@@ -76,6 +94,7 @@ class GitHub:
         self._api: GitHubApi | None = None
         self._launchers: dict[tuple[str, str, str, str], GitHubActionsLauncher] = {}
         self._reconciled: dict[int, float] = {}  # group id → when its runs were last listed (monotonic)
+        self.cancelled: set[int] = set()  # workflow runs this process cancelled for an overdue cancellation
 
     @property
     def api(self) -> GitHubApi:
@@ -138,6 +157,30 @@ def release_pass(github: GitHub, *, now: datetime, limit: int = RELEASE_BATCH) -
                                         "workflow_run_id": workflow_run_id},
             )  # fmt: skip
     return released
+
+
+def cancel_overdue_pass(github: GitHub, *, now: datetime, limit: int = RELEASE_BATCH) -> int:
+    """Cancel the workflow runs of runs whose cancellation their runner has not carried out in time.
+
+    The reconcile pass then sees the workflow run ended and settles the run
+    as cancelled. Each workflow run is cancelled once per process.
+    """
+    with connection.cursor() as cur:
+        cur.execute(OVERDUE_CANCELS_SQL, {"before": now - CANCEL_GRACE, "limit": limit})
+        rows = [row for row in cur.fetchall() if row[1] not in github.cancelled]
+    groups = RunnerGroup.objects.in_bulk({row[2] for row in rows})
+    cancelled = 0
+    for runner_id, workflow_run_id, group_id in rows:
+        group = groups.get(group_id)
+        if group is not None and cancel_quietly(github, group, workflow_run_id):
+            github.cancelled.add(workflow_run_id)
+            cancelled += 1
+            log.warning(
+                "runner %s did not stop its cancelled run in time; workflow run %s cancelled", runner_id,
+                workflow_run_id, extra={"event": "dispatch.cancel_overdue", "runner_id": str(runner_id),
+                                        "workflow_run_id": workflow_run_id},
+            )  # fmt: skip
+    return cancelled
 
 
 def reconcile_pass(github: GitHub, *, now: datetime) -> int:

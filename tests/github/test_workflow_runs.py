@@ -110,3 +110,27 @@ def test_a_workflow_run_that_finished_normally_changes_nothing(acme: Organizatio
 
     assert result.ended == 0
     assert Run.objects.get(id=run.id).status == RunStatus.SUCCEEDED
+
+
+def test_a_runner_that_does_not_stop_a_cancelled_run_in_time_has_its_workflow_run_cancelled(
+    acme: Organization, github: FakeGitHub
+) -> None:
+    from datetime import timedelta
+
+    ((run, runner),) = dispatched(acme)
+    services.run_accept(run_id=run.id, runner_id=runner.id)
+    asked = timezone.now()
+    services.run_request_cancellation(run_id=run.id, now=asked)
+
+    soon = Dispatcher().tick(asked + timedelta(seconds=30))  # the runner is given time to stop its steps
+
+    assert github.cancels == []
+    assert soon.ended == 0
+    late = Dispatcher().tick(asked + timedelta(minutes=3))
+
+    assert github.cancels == [runner.workflow_run_id]
+    assert late.ended == 1  # the cancelled workflow run is seen ended in the same tick
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert "cancelled: GitHub workflow run" in run.failure_reason
+    assert not Runner.objects.filter(id=runner.id).exists()

@@ -33,10 +33,13 @@ from django.db import transaction
 
 from gantry.core import tokens
 from gantry.core.errors import NotFound, OidcClaimsMismatch, OidcExchangeUsed, RunnerHoldsRun
-from gantry.core.models import EXECUTING, NEVER_STARTED, GroupKind, Run, Runner, RunnerGroup, RunnerStatus
+from gantry.core.models import EXECUTING, NEVER_STARTED, GroupKind, Run, Runner, RunnerGroup, RunnerStatus, RunStatus
 from gantry.core.services.runners import dispatch_failed, runner_deregister
-from gantry.core.services.runs import fail_executing_run
+from gantry.core.services.runs import fail_executing_run, run_finish
 from gantry.core.services.transitions import resolve_now
+
+# A run its user asked to stop, whose runner has not finished stopping it.
+STOPPING = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 
 
 def github_runner_dispatched(
@@ -151,7 +154,9 @@ def github_workflow_run_ended(
     """The runner's workflow run finished, and the runner never reported ``done``: fail its run.
 
     Executing → failure as runner lost (the same transition as the inactive-
-    runner reaper's, an hour sooner, on evidence); never accepted → a dispatch
+    runner reaper's, an hour sooner, on evidence), or cancelled when its
+    cancellation was asked (the dispatcher cancels the workflow run of a
+    runner that does not stop in time); never accepted → a dispatch
     failure (the workflow ended before its runner started, like a launcher's
     startup failure). Answers None when the runner is gone or no longer
     recorded for that workflow run; the caller flushes the live log of a
@@ -172,6 +177,15 @@ def github_workflow_run_ended(
             return EndedRun(run_id=None, started=False)
         run_id, status = held
         why = f"GitHub workflow run {workflow_run_id} ended ({conclusion or 'no conclusion'})"
+        if status in STOPPING and runner.status == RunnerStatus.BUSY:
+            # Cancellation was asked and the workflow run is over (the dispatcher
+            # cancelled it when the runner did not stop in time): cancelled is
+            # what happened, not a lost runner.
+            run_finish(
+                run_id=run_id, runner_id=runner_id, outcome=RunStatus.CANCELLED,
+                error=f"cancelled: {why} before its runner reported", now=now,
+            )  # fmt: skip
+            return EndedRun(run_id=run_id, started=True)
         if status in EXECUTING and runner.status == RunnerStatus.BUSY:
             fail_executing_run(
                 run_id=run_id, runner_id=runner_id, reason=f"runner lost: {why} without reporting done",
