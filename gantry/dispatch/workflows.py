@@ -31,6 +31,7 @@ import time
 import uuid
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 
@@ -136,18 +137,20 @@ def cancel_quietly(github: GitHub, group: RunnerGroup, workflow_run_id: object) 
     return True
 
 
+def _runners(sql: str, params: dict[str, Any]) -> list[tuple[uuid.UUID, int | None, RunnerGroup]]:
+    """A pass's (runner id, workflow run id, group) rows: ``sql`` answers runner id, workflow run id, group id."""
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        rows = cur.fetchall()
+    groups = RunnerGroup.objects.in_bulk({row[2] for row in rows})
+    return [(row[0], row[1], groups[row[2]]) for row in rows if row[2] in groups]
+
+
 def release_pass(github: GitHub, *, now: datetime, limit: int = RELEASE_BATCH) -> int:
     """Cancel the workflow runs of runners that can never accept, and delete those runners; answers how many."""
-    with connection.cursor() as cur:
-        cur.execute(RELEASABLE_SQL, {"now": now, "limit": limit})
-        rows = cur.fetchall()
-    if not rows:
-        return 0
-    groups = RunnerGroup.objects.in_bulk({row[2] for row in rows})
     released = 0
-    for runner_id, workflow_run_id, group_id in rows:
-        group = groups.get(group_id)
-        if group is None or not cancel_quietly(github, group, workflow_run_id):
+    for runner_id, workflow_run_id, group in _runners(RELEASABLE_SQL, {"now": now, "limit": limit}):
+        if not cancel_quietly(github, group, workflow_run_id):
             continue
         if services.github_runner_release(runner_id=runner_id, now=now):
             released += 1
@@ -165,14 +168,14 @@ def cancel_overdue_pass(github: GitHub, *, now: datetime, limit: int = RELEASE_B
     The reconcile pass then sees the workflow run ended and settles the run
     as cancelled. Each workflow run is cancelled once per process.
     """
-    with connection.cursor() as cur:
-        cur.execute(OVERDUE_CANCELS_SQL, {"before": now - CANCEL_GRACE, "limit": limit})
-        rows = [row for row in cur.fetchall() if row[1] not in github.cancelled]
-    groups = RunnerGroup.objects.in_bulk({row[2] for row in rows})
     cancelled = 0
-    for runner_id, workflow_run_id, group_id in rows:
-        group = groups.get(group_id)
-        if group is not None and cancel_quietly(github, group, workflow_run_id):
+    for runner_id, workflow_run_id, group in _runners(
+        OVERDUE_CANCELS_SQL, {"before": now - CANCEL_GRACE, "limit": limit}
+    ):
+        # (the statement selects only runners with a workflow run id)
+        if workflow_run_id is None or workflow_run_id in github.cancelled:
+            continue
+        if cancel_quietly(github, group, workflow_run_id):
             github.cancelled.add(workflow_run_id)
             cancelled += 1
             log.warning(
