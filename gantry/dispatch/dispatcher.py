@@ -131,6 +131,7 @@ class Dispatcher:
     # ------------------------------------------------------------ one tick
 
     def tick(self, now: datetime | None = None) -> TickResult:
+        """One tick as of ``now`` (the module docstring's steps 1-5); answers what it did."""
         now = now or timezone.now()
         result = TickResult(now=now)
         started = time.perf_counter()
