@@ -7,11 +7,11 @@ and validated in one place. Durations are whole seconds.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.core.exceptions import ImproperlyConfigured
 
-from gantry.env import envbool, envint
+from gantry.env import envbool, envint, envstr
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,10 @@ class GantryConf:
     reaper_interval: int
     rate_limit_enabled: bool
     dispatch_max_per_org: int
+    # The backend dispatcher (github_actions groups): candidates one tick looks at,
+    # and the period of its backstop tick (a NOTIFY wakes it sooner).
+    dispatch_batch_size: int
+    dispatch_interval: int
     log_max_bytes: int
     poll_max_wait: int
     # A group none of whose coordinators polled for this long looks offline (the queue's no_runner_polling).
@@ -58,9 +62,80 @@ def get() -> GantryConf:
         reaper_interval=envint("GANTRY_REAPER_INTERVAL", 60, minimum=1),
         rate_limit_enabled=envbool("GANTRY_RATE_LIMIT_ENABLED", True),
         dispatch_max_per_org=envint("GANTRY_DISPATCH_MAX_PER_ORG", 50, minimum=1),
+        dispatch_batch_size=envint("GANTRY_DISPATCH_BATCH_SIZE", 100, minimum=1, maximum=10_000),
+        dispatch_interval=envint("GANTRY_DISPATCH_INTERVAL", 5, minimum=1),
         log_max_bytes=envint("GANTRY_LOG_MAX_BYTES", 256 * 1024 * 1024, minimum=1024),
         poll_max_wait=envint("GANTRY_POLL_MAX_WAIT", 30, minimum=0, maximum=300),
         poll_stale_after=envint("GANTRY_POLL_STALE_AFTER", 60, minimum=1),
+    )
+    conf.check()
+    return conf
+
+
+GITHUB_API_URL = "https://api.github.com"
+GITHUB_OIDC_ISSUER = "https://token.actions.githubusercontent.com"
+
+
+@dataclass(frozen=True)
+class GitHubConf:
+    """How Gantry reaches GitHub for github_actions groups (docs/github-actions.md).
+
+    The instance's credentials, never a group's: a GitHub App (``app_id`` and
+    its private key, from a file) or, for small setups, one token. Secrets are
+    kept out of ``repr`` so a logged configuration never shows them.
+    """
+
+    api_url: str
+    token: str = field(repr=False)
+    app_id: str
+    app_private_key: str = field(repr=False)
+    oidc_issuer: str
+    oidc_audience: str
+    # The root URL workflow runs reach Gantry at (the workflow's gantry_url input).
+    public_url: str
+
+    @property
+    def mode(self) -> str:
+        """``app``, ``token``, or ``""`` when no credential is configured (nothing is dispatched)."""
+        if self.app_id:
+            return "app"
+        return "token" if self.token else ""
+
+    def check(self) -> None:
+        if self.app_id and not self.app_private_key:
+            raise ImproperlyConfigured("GANTRY_GITHUB_APP_ID needs GANTRY_GITHUB_APP_PRIVATE_KEY_FILE")
+        if self.app_private_key and not self.app_id:
+            raise ImproperlyConfigured("GANTRY_GITHUB_APP_PRIVATE_KEY_FILE needs GANTRY_GITHUB_APP_ID")
+        for name, url in (
+            ("GANTRY_GITHUB_API_URL", self.api_url),
+            ("GANTRY_GITHUB_OIDC_ISSUER", self.oidc_issuer),
+            ("GANTRY_PUBLIC_URL", self.public_url),
+        ):
+            if url and not url.startswith(("https://", "http://")):
+                raise ImproperlyConfigured(f"{name} must be an http(s):// URL")
+
+
+def _private_key() -> str:
+    path = envstr("GANTRY_GITHUB_APP_PRIVATE_KEY_FILE")
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ImproperlyConfigured(f"GANTRY_GITHUB_APP_PRIVATE_KEY_FILE={path!r} cannot be read: {exc}") from exc
+
+
+@functools.cache
+def github() -> GitHubConf:
+    conf = GitHubConf(
+        api_url=(envstr("GANTRY_GITHUB_API_URL") or GITHUB_API_URL).rstrip("/"),
+        token=envstr("GANTRY_GITHUB_TOKEN"),
+        app_id=envstr("GANTRY_GITHUB_APP_ID"),
+        app_private_key=_private_key(),
+        oidc_issuer=(envstr("GANTRY_GITHUB_OIDC_ISSUER") or GITHUB_OIDC_ISSUER).rstrip("/"),
+        oidc_audience=envstr("GANTRY_GITHUB_OIDC_AUDIENCE") or "gantry",
+        public_url=envstr("GANTRY_PUBLIC_URL").rstrip("/"),
     )
     conf.check()
     return conf

@@ -1,6 +1,6 @@
 """Gantry's Prometheus metrics, served at ``/metrics`` (``gantry.web.ops``).
 
-Reaper figures are global, not per process. The reapers run in Celery worker
+Reaper and backend-dispatcher figures are global, not per process. The reapers run in Celery worker
 processes (or ``manage.py reap``), never in the web process that answers
 ``/metrics``, so an in-process counter would be invisible to the scrape. Each
 sweep therefore adds its figures to one Redis hash, and a collector registered
@@ -27,10 +27,11 @@ from collections.abc import Iterable, Mapping
 
 import redis
 from django.db import connections
-from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gantry import redis as gantry_redis
+from gantry.dispatch import throttle
 
 log = logging.getLogger("gantry.metrics")
 
@@ -114,15 +115,129 @@ class ReaperCollector(Collector):
         return [reaped, duration]
 
 
+# ---------------------------------------------------------------- the backend dispatcher
+#
+# The same arrangement for the same reason: the dispatcher runs in a Celery
+# worker or ``manage.py dispatcher``, never in the web process. Each tick adds
+# its figures to one Redis hash; the oldest-dispatchable age is the last
+# tick's (a gauge). The dispatcher's claims are counted there too
+# (throttle.tallied), and ``gantry_org_run_dispatch_total`` is exported here
+# as this process's claims (the poll's) plus the dispatchers'.
+
+# Launch outcomes: the workflow was dispatched, a transient refusal will be
+# tried again, a definitive one (or the lease running out) failed the run.
+LAUNCH_OUTCOMES = ("launched", "retried", "failed")
+# A tick is a query and a few claims; GitHub calls (a second or so each) make the long ones.
+TICK_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def _dispatch_key() -> str:
+    return f"gantry:metrics:{connections['default'].settings_dict['NAME']}:dispatch"
+
+
+def record_dispatch_tick(
+    *,
+    saturated: bool,
+    oldest_age: float,
+    seconds: float,
+    claims: Mapping[str, int],
+    launches: Mapping[str, int],
+) -> None:
+    """Add one dispatcher tick's figures (fails open: a Redis outage loses figures, never a tick)."""
+    bucket = next((i for i, le in enumerate(TICK_BUCKETS) if seconds <= le), len(TICK_BUCKETS))
+    key = _dispatch_key()
+    try:
+        pipe = gantry_redis.client().pipeline(transaction=False)
+        pipe.hincrby(key, "ticks", 1)
+        pipe.hincrbyfloat(key, "seconds", seconds)
+        pipe.hincrby(key, f"bucket|{bucket}", 1)
+        if saturated:
+            pipe.hincrby(key, "saturated", 1)
+        pipe.hset(key, "oldest_age", repr(float(oldest_age)))
+        for outcome, n in claims.items():
+            if n:
+                pipe.hincrby(key, f"claims|{outcome}", n)
+        for outcome, n in launches.items():
+            if n:
+                pipe.hincrby(key, f"launches|{outcome}", n)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("dispatcher metrics not recorded: %s", exc, extra={"event": "metrics.record_failed"})
+
+
+class DispatchCollector(Collector):
+    """The backend dispatcher's figures (from Redis) and the claims' dispatch outcomes (this process + Redis)."""
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families({})
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            raw = gantry_redis.client().hgetall(_dispatch_key())
+        except redis.RedisError as exc:
+            log.warning("dispatcher metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
+            raw = {}
+        return self._families({_text(k): _text(v) for k, v in raw.items()})
+
+    @staticmethod
+    def _families(values: Mapping[str, str]) -> list[Metric]:
+        local = {
+            sample.labels["outcome"]: sample.value
+            for metric in throttle.DISPATCH_TOTAL.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        }
+        claims = CounterMetricFamily(
+            "gantry_org_run_dispatch",
+            "Claims that won a run, by what the dispatch budget said: dispatched, limited (rolled back), "
+            "failed_open (Redis unavailable, dispatched anyway). Polls and the backend dispatcher alike.",
+            labels=["outcome"],
+        )
+        for claim_outcome in throttle.OUTCOMES:
+            claims.add_metric(
+                [claim_outcome], local.get(claim_outcome, 0.0) + float(values.get(f"claims|{claim_outcome}", 0))
+            )
+        saturated = CounterMetricFamily(
+            "gantry_dispatch_batch_saturated",
+            "Backend dispatcher ticks whose candidate batch was full of runs it could serve (throttled orgs "
+            "dropped): the dispatcher, not a budget, is the bottleneck.",
+        )
+        saturated.add_metric([], float(values.get("saturated", 0)))
+        oldest = GaugeMetricFamily(
+            "gantry_dispatch_oldest_dispatchable_age_seconds",
+            "Age of the oldest run the last tick could serve (orgs the throttle refused during the tick "
+            "dropped); 0 when there was none. The dispatch-latency SLO.",
+        )
+        oldest.add_metric([], float(values.get("oldest_age", 0)))
+        launches = CounterMetricFamily(
+            "gantry_dispatch_launches",
+            "Workflow dispatches by outcome: launched, retried (transient refusal), failed (run failed).",
+            labels=["outcome"],
+        )
+        for outcome in LAUNCH_OUTCOMES:
+            launches.add_metric([outcome], float(values.get(f"launches|{outcome}", 0)))
+        duration = HistogramMetricFamily(
+            "gantry_dispatch_tick_duration_seconds", "Duration of one backend dispatcher tick."
+        )
+        cumulative, buckets = 0.0, []
+        for i, le in enumerate((*TICK_BUCKETS, math.inf)):
+            cumulative += float(values.get(f"bucket|{i}", 0))
+            buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+        duration.add_metric([], buckets, sum_value=float(values.get("seconds", 0)))
+        return [claims, saturated, oldest, launches, duration]
+
+
 _collector = ReaperCollector()
+_dispatch_collector = DispatchCollector()
 _registered = False
 
 
 def register() -> None:
-    """Register the collector with the default registry, once per process (the reapers app's ready())."""
+    """Register the collectors with the default registry, once per process (the reapers app's ready())."""
     global _registered
     if not _registered:
         REGISTRY.register(_collector)
+        REGISTRY.register(_dispatch_collector)
         _registered = True
 
 

@@ -276,6 +276,15 @@ CELERY_BEAT_SCHEDULE = {
     for name in ("expired_assignments", "inactive_runners", "startup_deadline", "cancellation_backstop")
 }
 
+# The backend dispatcher (github_actions groups; docs/github-actions.md), when GitHub is configured.
+GANTRY_GITHUB = conf.github()
+if GANTRY_GITHUB.mode:
+    CELERY_BEAT_SCHEDULE["dispatch-github"] = {
+        "task": "gantry.dispatch.loop",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    }
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -288,6 +297,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": envstr("GANTRY_LOG_LEVEL", "INFO").upper()},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # One line per GitHub call at INFO; the dispatcher logs what matters.
+        "httpx": {"level": "WARNING"},
     },
 }
 

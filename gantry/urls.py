@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from gantry.web import ops
+from gantry.web import ops, runner_client
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -11,6 +11,9 @@ urlpatterns = [
     path("metrics", ops.metrics),
     # The pages: the queue, runs, runner groups, login (gantry/web/urls.py).
     path("", include("gantry.web.urls")),
+    # The client side as one file, for jobs that have only Python and curl (docs/github-actions.md).
+    path("runner/gantry-runner.pyz", runner_client.latest),
+    path("runner/gantry-runner-<str:version>.pyz", runner_client.versioned),
 ]
 
 # JSON errors for API paths that match no route (or crash), in the contract's shape.

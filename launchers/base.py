@@ -28,10 +28,12 @@ class LaunchError(Exception):
     retried a few times within the assignment's lease.
     """
 
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
+    def __init__(self, message: str, *, permanent: bool = False, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.permanent = permanent
+        # Seconds the system that refused asked us to wait (a Retry-After), when it said.
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)

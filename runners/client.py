@@ -423,6 +423,16 @@ class GantryClient:
     def deregister(self, runner_id: str, retry: RetryPolicy | None = None) -> None:
         self.request("DELETE", f"/api/v1/runners/{runner_id}/deregister", retry=retry)
 
+    def oidc_exchange(self, runner_id: str, oidc_token: str, correlation: str = "") -> str:
+        """A GitHub Actions OIDC token → this runner's runner token (github_actions groups; works once).
+
+        Sent without any Gantry credential: the OIDC token is the credential.
+        Transient failures are retried; a refusal (401/403/404) is final.
+        """
+        body = {"token": oidc_token, **({"correlation": correlation} if correlation else {})}
+        data = self.request("POST", f"/api/v1/runners/{runner_id}/oidc-exchange", body=body, auth=False).json()
+        return str(data["runner_token"])
+
     # ------------------------------------------------------------ users (API token; scheme="Token")
 
     def create_deployment(self, stack_id: int, spec: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -446,3 +456,18 @@ class GantryClient:
         data = self.request("GET", f"/api/v1/runs/{run_id}/logs", query={"offset": offset}).json()
         assert isinstance(data, dict)
         return data
+
+
+def fetch_actions_oidc_token(request_url: str, request_token: str, audience: str, timeout: float = 30.0) -> str:
+    """Ask GitHub Actions for an OIDC token for ``audience`` (the job needs ``permissions: id-token: write``).
+
+    ``request_url`` and ``request_token`` are the job's ``ACTIONS_ID_TOKEN_REQUEST_URL`` and
+    ``ACTIONS_ID_TOKEN_REQUEST_TOKEN``; GitHub answers ``{"value": "<jwt>"}``.
+    """
+    sep = "&" if "?" in request_url else "?"
+    url = f"{request_url}{sep}{urllib.parse.urlencode({'audience': audience})}"
+    client = GantryClient(url, request_token, timeout=timeout, scheme="bearer")
+    data = client.request("GET", url).json()
+    if not isinstance(data, dict) or not data.get("value"):
+        raise ApiError(0, "oidc_unavailable", "GitHub Actions answered no OIDC token")
+    return str(data["value"])

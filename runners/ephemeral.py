@@ -2,7 +2,11 @@
 
 A launcher starts one of these per claimed run, with the server URL, the
 runner id, the run id and the runner token (in the environment: tokens never
-go on a command line, where ``ps`` shows them). It then:
+go on a command line, where ``ps`` shows them). In a GitHub Actions workflow
+run (github_actions groups) there is no runner token to hand over: the runner
+takes a GitHub OIDC token (``GANTRY_OIDC_TOKEN``, or asks the job for one for
+``GANTRY_OIDC_AUDIENCE``) and exchanges it at Gantry for its runner token
+first. It then:
 
 1. ``ready`` (idempotent; retried for up to 30 s);
 2. ``accept`` → the RunContext (a 409 ``run_already_terminal`` is benign:
@@ -36,15 +40,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from runners import logsetup
 from runners.cli import check_range, env_number
-from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable
+from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable, fetch_actions_oidc_token
 from runners.logbuf import LogBuffer, LogShipper, Manifest
 from runners.logsetup import event
 from runners.masking import SecretMasker
@@ -62,6 +66,10 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # done is the run's result: worth insisting on for a while before giving up.
 DONE_RETRY = RetryPolicy(attempts=1000, base=1.0, cap=30.0, deadline=600.0)
 DEREGISTER_RETRY = RetryPolicy(attempts=6, base=0.5, cap=5.0, deadline=30.0)
+# What lets a process obtain a runner token by OIDC exchange: never passed on to a step.
+CREDENTIAL_ENV = (
+    "GANTRY_OIDC_TOKEN", "GANTRY_OIDC_TOKEN_FILE", "ACTIONS_ID_TOKEN_REQUEST_URL", "ACTIONS_ID_TOKEN_REQUEST_TOKEN",
+)  # fmt: skip
 
 
 @dataclass
@@ -76,6 +84,36 @@ class Config:
     keep_work_dir: bool = False
     exit_file: Path | None = None
     timeout: float = 30.0
+    # Where the runner token comes from when none was given: an OIDC exchange (github_actions groups).
+    oidc: OidcSource | None = None
+
+
+@dataclass(frozen=True)
+class OidcSource:
+    """A GitHub OIDC token to exchange for the runner token: given (``GANTRY_OIDC_TOKEN``, ``_FILE``), or asked
+    of GitHub Actions (``ACTIONS_ID_TOKEN_REQUEST_URL`` / ``_TOKEN``) for ``GANTRY_OIDC_AUDIENCE``."""
+
+    token: str = field(default="", repr=False)
+    request_url: str = ""
+    request_token: str = field(default="", repr=False)
+    audience: str = "gantry"
+    correlation: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> OidcSource | None:
+        token = env.get("GANTRY_OIDC_TOKEN", "") or _token_from_file(env.get("GANTRY_OIDC_TOKEN_FILE", ""))
+        request_url = env.get("ACTIONS_ID_TOKEN_REQUEST_URL", "")
+        request_token = env.get("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "")
+        if not token and not (request_url and request_token):
+            return None
+        return cls(
+            token=token, request_url=request_url, request_token=request_token,
+            audience=env.get("GANTRY_OIDC_AUDIENCE") or "gantry", correlation=env.get("GANTRY_CORRELATION", ""),
+        )  # fmt: skip
+
+    def runner_token(self, client: GantryClient, runner_id: str) -> str:
+        oidc_token = self.token or fetch_actions_oidc_token(self.request_url, self.request_token, self.audience)
+        return client.oidc_exchange(runner_id, oidc_token, self.correlation)
 
 
 def _token_from_file(path: str) -> str:
@@ -125,13 +163,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     args = parser.parse_args(argv)
     check_range(parser, args.grace, "--grace (GANTRY_STOP_GRACE)", 0, None)
     token = env.get("GANTRY_RUNNER_TOKEN", "") or _token_from_file(env.get("GANTRY_RUNNER_TOKEN_FILE", ""))
+    oidc = OidcSource.from_env(env) if not token else None
     missing = [
         name
         for name, value in (
             ("--server / GANTRY_SERVER", args.server),
             ("--runner-id / GANTRY_RUNNER_ID", args.runner_id),
             ("--run-id / GANTRY_RUN_ID", args.run_id),
-            ("GANTRY_RUNNER_TOKEN (or GANTRY_RUNNER_TOKEN_FILE)", token),
+            ("GANTRY_RUNNER_TOKEN (or GANTRY_RUNNER_TOKEN_FILE, or an OIDC token to exchange)", token or oidc),
         )
         if not value
     ]
@@ -149,6 +188,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         grace=args.grace,
         keep_work_dir=args.keep_work_dir,
         exit_file=Path(exit_file) if exit_file else None,
+        oidc=oidc,
     )
 
 
@@ -201,7 +241,10 @@ class EphemeralRunner:
     def _run(self) -> int:
         cfg = self.cfg
         try:
-            self.client.ready(cfg.runner_id, hostname=socket.gethostname(), launcher=cfg.launcher, pid=os.getpid())
+            self.client.ready(
+                cfg.runner_id, hostname=socket.gethostname(), launcher=cfg.launcher, pid=os.getpid(),
+                workflow_run_id=_workflow_run_id(),
+            )  # fmt: skip
         except ServerUnreachable as exc:
             return self._fault("runner.unreachable", f"ready: {exc}", EXIT_UNREACHABLE)
         except ApiError as exc:
@@ -447,6 +490,12 @@ class EphemeralRunner:
         return EXIT_OK if result.outcome in ("succeeded", "cancelled") else EXIT_RUN_FAILED
 
 
+def _workflow_run_id() -> int | None:
+    """Inside a GitHub Actions job: its workflow run id, for the ready call's metadata."""
+    raw = os.environ.get("GITHUB_RUN_ID", "")
+    return int(raw) if raw.isdigit() else None
+
+
 def _write_exit_file(path: Path | None, code: int) -> None:
     """Tell the launcher how we ended (it cannot wait() for a process it did not start, after a restart)."""
     if path is None:
@@ -457,11 +506,30 @@ def _write_exit_file(path: Path | None, code: int) -> None:
         tmp.replace(path)
 
 
+def _exchange(cfg: Config) -> int | None:
+    """Get the runner token by the OIDC exchange, when that is where it comes from; an exit code if it fails."""
+    if cfg.token or cfg.oidc is None:
+        return None
+    try:
+        cfg.token = cfg.oidc.runner_token(GantryClient(cfg.server, timeout=cfg.timeout), cfg.runner_id)
+    except ApiError as exc:
+        code = EXIT_UNREACHABLE if exc.transient else EXIT_REFUSED
+        event(log, "runner.oidc_refused", "OIDC exchange failed: %s", exc, level=logging.ERROR,
+              run_id=cfg.run_id, code=exc.code)  # fmt: skip
+        return code
+    event(log, "runner.oidc_exchanged", "runner token obtained by OIDC exchange", run_id=cfg.run_id)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
-    # Nothing we start may inherit the runner's credential.
-    os.environ.pop("GANTRY_RUNNER_TOKEN", None)
-    os.environ.pop("GANTRY_RUNNER_TOKEN_FILE", None)
+    # Nothing we start may inherit the runner's credential, or the means to get one.
+    for name in (*CREDENTIAL_ENV, "GANTRY_RUNNER_TOKEN", "GANTRY_RUNNER_TOKEN_FILE"):
+        os.environ.pop(name, None)
+    failed = _exchange(cfg)
+    if failed is not None:
+        _write_exit_file(cfg.exit_file, failed)
+        return failed
     runner = EphemeralRunner(cfg)
     runner.install_signal_handlers()
     try:

@@ -43,8 +43,9 @@ class RunnerSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Runner
+        # workflow_*: a github_actions runner's workflow run (its id and its page on GitHub).
         fields = ["id", "status", "created_at", "ready_at", "accepted_at", "last_seen_at", "hostname", "launcher",
-                  "pid", "run_id"]  # fmt: skip
+                  "pid", "run_id", "workflow_run_id", "workflow_run_url", "dispatched_at"]  # fmt: skip
         read_only_fields = fields
 
 

@@ -20,12 +20,13 @@ from rest_framework.views import APIView
 
 from gantry import conf
 from gantry.api.auth import IsRunner, IsRunnerGroup
-from gantry.api.common import group_of, runner_errors, runner_of, validated
+from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
 from gantry.api.serializers import SpecSerializer
 from gantry.core import services
-from gantry.core.errors import InvalidRequest
-from gantry.core.models import RunStatus
+from gantry.core.errors import BackendDispatchedGroup, InvalidRequest
+from gantry.core.models import GroupKind, RunStatus
 from gantry.dispatch import claim as dispatch
+from gantry.dispatch import oidc
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS
@@ -63,10 +64,15 @@ class PollView(APIView):
             **runner_errors(400, 401, 403),
         },
         description="Claim the oldest pending run this group can serve: creates a not_ready stub runner, "
-        "assigns the run to it with a lease and answers the runner's credentials.",
+        "assigns the run to it with a lease and answers the runner's credentials. A github_actions group's "
+        "token is refused (403 `backend_dispatched_group`): Gantry's backend dispatcher serves those groups.",
     )
     def get(self, request: Request) -> Response:
         group = group_of(request).group
+        if group.kind == GroupKind.GITHUB_ACTIONS:
+            # Its runs are claimed by Gantry's own dispatcher, under the per-org cap;
+            # a coordinator polling it would go around both.
+            raise BackendDispatchedGroup("a github_actions group is served by Gantry's backend dispatcher, not polled")
         raw = request.query_params.get("wait", "0")
         try:
             wait = float(raw)
@@ -371,3 +377,65 @@ class DeregisterView(APIView):
         principal = runner_of(request, runner_id=runner_id)
         services.runner_deregister(runner_id=principal.runner.id)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class OidcExchangeSerializer(serializers.Serializer):
+    token = serializers.CharField(
+        max_length=16384,
+        help_text="The GitHub Actions OIDC token (a JWT) the workflow run asked for, with "
+        "Gantry's audience (GANTRY_GITHUB_OIDC_AUDIENCE).",
+    )
+    correlation = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="The workflow's `correlation` input, when it has one (only where GitHub answered the dispatch "
+        "without a workflow run id).",
+    )
+
+
+class RunnerTokenSerializer(serializers.Serializer):
+    runner_token = serializers.CharField(
+        help_text="The runner JWT; the ephemeral runner goes on as under any launcher (ready, accept, ...)."
+    )
+
+
+class OidcExchangeView(APIView):
+    # The OIDC token in the body is the credential: no Gantry token exists yet.
+    authentication_classes: list[type] = []
+    permission_classes: list[type] = []
+
+    @extend_schema(
+        operation_id="runners_oidc_exchange",
+        request=OidcExchangeSerializer,
+        responses={
+            200: RunnerTokenSerializer,
+            **error_responses(
+                400,
+                401,
+                403,
+                404,
+                texts={
+                    401: "oidc_token_invalid: the token is malformed, signed with an unknown key, from another "
+                    "issuer, for another audience, or expired",
+                    403: "oidc_claims_mismatch: another repository, workflow or workflow run than this runner's "
+                    "dispatch; oidc_exchange_used: already exchanged once",
+                    404: "no such runner (its claim lapsed, or it was released)",
+                },
+            ),
+        },
+        auth=[],
+        description="A github_actions workflow run exchanges its GitHub OIDC token for its runner token, once. "
+        "The token must verify against the issuer's keys (GANTRY_GITHUB_OIDC_ISSUER), be for Gantry's audience "
+        "and unexpired (else 401 `oidc_token_invalid`), and name the group's repository, the workflow file "
+        "dispatched and the workflow run recorded at dispatch, or come with the one-time `correlation` value "
+        "(else 403 `oidc_claims_mismatch`). A second exchange is 403 `oidc_exchange_used`. 404: no such runner "
+        "(its claim lapsed). A refusal changes nothing.",
+    )
+    def post(self, request: Request, runner_id: uuid.UUID) -> Response:
+        data = validated(OidcExchangeSerializer, request)
+        claims = oidc.verify(data["token"])
+        runner_token = services.github_runner_oidc_exchange(
+            runner_id=runner_id, claims=claims, correlation=data.get("correlation", "")
+        )
+        return Response({"runner_token": runner_token})

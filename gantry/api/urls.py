@@ -30,6 +30,7 @@ urlpatterns = [
     path("runner-groups/demand", qv.DemandView.as_view()),
     path("runners/<uuid:runner_id>/ready", rv.ReadyView.as_view()),
     path("runners/<uuid:runner_id>/deregister", rv.DeregisterView.as_view()),
+    path("runners/<uuid:runner_id>/oidc-exchange", rv.OidcExchangeView.as_view()),
     path("runs/<uuid:run_id>/accept", rv.AcceptView.as_view()),
     path("runs/<uuid:run_id>/status", rv.StatusView.as_view()),
     path("runs/<uuid:run_id>/acknowledging-cancel", rv.AcknowledgeCancelView.as_view()),

@@ -407,6 +407,13 @@ class RunnerGroupForm(forms.ModelForm):
     def clean(self) -> dict[str, Any] | None:
         cleaned = super().clean()
         _check_unique_name(self, RunnerGroup)
+        data = self.cleaned_data
+        kind = data.get("kind") or self.instance.kind
+        try:
+            data.update(specs.validate_github_fields(kind, {f: data.get(f, "") for f in specs.GITHUB_FIELDS}))
+        except InvalidRequest as exc:
+            field = next(iter(exc.extra.get("fields", {})), None)
+            self.add_error(field if field in self.fields else None, exc.detail)
         return cleaned
 
 

@@ -79,6 +79,13 @@ class AuthenticationFailed(NotAuthenticated):
     code = "authentication_failed"
 
 
+class OidcTokenInvalid(NotAuthenticated):
+    """An OIDC exchange whose token fails verification: malformed, unknown signing key, bad signature, wrong issuer
+    or audience, expired."""
+
+    code = "oidc_token_invalid"
+
+
 class UploadUrlInvalid(NotAuthenticated):
     """A forged or expired log upload URL (Gantry's own, when no S3 bucket is configured)."""
 
@@ -107,6 +114,25 @@ class RunBinding(Forbidden):
     """A runner token used on another run's or another runner's path (the run binding)."""
 
     code = "run_binding"
+
+
+class OidcClaimsMismatch(Forbidden):
+    """An OIDC exchange whose valid token names another repository, workflow or workflow run than the runner's
+    dispatch (or a runner that is not a github_actions group's)."""
+
+    code = "oidc_claims_mismatch"
+
+
+class OidcExchangeUsed(Forbidden):
+    """A second OIDC exchange for a runner: each exchange works once."""
+
+    code = "oidc_exchange_used"
+
+
+class BackendDispatchedGroup(Forbidden):
+    """A poll by a github_actions group's token: Gantry's backend dispatcher serves those groups."""
+
+    code = "backend_dispatched_group"
 
 
 # ---------------------------------------------------------------- 404 and other client errors

@@ -234,6 +234,20 @@ class Runner(models.Model):
     container_id = models.CharField(max_length=128, blank=True, default="")
     pod_name = models.CharField(max_length=253, blank=True, default="")
     workflow_run_id = models.BigIntegerField(null=True, blank=True)
+    # github_actions runners (the backend dispatcher, docs/github-actions.md).
+    # db_default on each: the claim's INSERT names only the stub's own columns.
+    # When GitHub accepted the workflow dispatch; null while the dispatch is
+    # still being tried (the dispatcher's passes leave such a runner alone).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    workflow_run_url = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # The workflow file dispatched (".github/workflows/x.yml"): the OIDC
+    # exchange checks the token's workflow_ref against it.
+    workflow_path = models.CharField(max_length=300, blank=True, default="", db_default="")
+    # sha256 of the one-time correlation input, only when GitHub answered no
+    # workflow run id (GitHub Enterprise Server without return_run_details).
+    dispatch_correlation_sha256 = models.CharField(max_length=64, blank=True, default="", db_default="")
+    # Set by the one OIDC exchange the runner gets: a replay is refused.
+    oidc_exchanged_at = models.DateTimeField(null=True, blank=True)
     # True when the statement that inserted the row (the claim's stub) counted
     # it on its group itself; the insert trigger counts every other row
     # (migration 0008). Saves the claim a second write of its group's row.

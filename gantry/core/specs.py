@@ -1,4 +1,4 @@
-"""Validation of the user-supplied shapes: run specs, label maps and secrets.
+"""Validation of the user-supplied shapes: run specs, label maps, secrets, a group's GitHub launcher fields.
 
 Every JSON-stored field passes :func:`gantry.core.jsonsafe.check` first (no NUL,
 no lone surrogate, bounded nesting). The size caps keep a spec something a
@@ -153,3 +153,53 @@ def validate_secrets(secrets: Any, *, field: str = "secrets") -> dict[str, str]:
     if sum(_utf8_len(k) + _utf8_len(v) for k, v in secrets.items()) > MAX_SECRETS_BYTES:
         raise InvalidRequest(f"{field} hold over {MAX_SECRETS_BYTES} bytes in all", field=field)
     return dict(secrets)
+
+
+# ---------------------------------------------------------------- github_actions groups
+
+GITHUB_FIELDS = ("github_owner", "github_repo", "github_workflow", "github_ref")
+# GitHub's own shapes (an account, a repository, a workflow file or id), so a
+# typo is a 400 at create time, not a dispatch failure at the first run.
+_GITHUB_SHAPES: dict[str, tuple[re.Pattern[str], str]] = {
+    "github_owner": (re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]{0,98})$"), "a GitHub user or organization name"),
+    "github_repo": (re.compile(r"^(?!\.\.?$)[A-Za-z0-9._-]{1,100}$"), "a repository name"),
+    "github_workflow": (
+        re.compile(r"^(?:[0-9]{1,19}|[A-Za-z0-9._-]{1,190}\.ya?ml)$"),
+        "a workflow file name under .github/workflows (gantry-runner.yml) or a workflow id",
+    ),
+    "github_ref": (
+        re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)[^\s~^:?*\[\\]{1,200}(?<![/.])$"),
+        "a branch or tag name (or refs/heads/..., refs/tags/...)",
+    ),
+}
+
+
+def _field_error(field: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {message}", fields={field: [message]})
+
+
+def validate_github_fields(kind: str, fields: dict[str, Any]) -> dict[str, str]:
+    """The group's GitHub launcher configuration, checked whole (``fields`` = the group's values after the change).
+
+    A github_actions group needs all four; a self-hosted group takes none
+    (the coordinator, not Gantry, decides how its runners start). The refusal
+    names the first field at fault, in ``detail`` and in ``fields``.
+    """
+    clean: dict[str, str] = {}
+    for name in GITHUB_FIELDS:
+        value = fields.get(name) or ""
+        if not isinstance(value, str):
+            raise _field_error(name, "must be a string")
+        clean[name] = value.strip()
+    if kind != "github_actions":
+        for name in GITHUB_FIELDS:
+            if clean[name]:
+                raise _field_error(name, "applies only to github_actions groups")
+        return clean
+    for name in GITHUB_FIELDS:
+        pattern, what = _GITHUB_SHAPES[name]
+        if not clean[name]:
+            raise _field_error(name, f"is required for a github_actions group ({what})")
+        if not pattern.match(clean[name]):
+            raise _field_error(name, f"{clean[name]!r} is not {what}")
+    return clean

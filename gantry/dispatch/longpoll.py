@@ -55,6 +55,7 @@ class ClaimableListener:
         self._cond = threading.Condition()
         self._generation: defaultdict[int, int] = defaultdict(int)
         self._epoch = 0  # bumped on reconnect: everyone re-checks
+        self._total = 0  # every notification, of any org (the backend dispatcher waits on it)
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gantry-listen", daemon=True)
@@ -69,6 +70,17 @@ class ClaimableListener:
         with self._cond:
             return self._cond.wait_for(
                 lambda: (self._epoch, self._generation[org_id]) != seen or _shutting_down.is_set(), timeout
+            )
+
+    def any_generation(self) -> tuple[int, int]:
+        with self._cond:
+            return self._epoch, self._total
+
+    def wait_any(self, seen: tuple[int, int], timeout: float, stop: threading.Event | None = None) -> bool:
+        """Wait until any org may have new work since ``seen`` (or ``stop`` is set); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: (self._epoch, self._total) != seen or (stop is not None and stop.is_set()), timeout
             )
 
     def wake_all(self) -> None:
@@ -124,6 +136,7 @@ class ClaimableListener:
             return
         with self._cond:
             self._generation[org_id] += 1
+            self._total += 1
             self._cond.notify_all()
 
 
@@ -165,6 +178,13 @@ def begin_shutdown() -> None:
     _shutting_down.set()
     # No _listener_lock: this runs in a signal handler, which must never wait
     # on a lock its own thread may hold. Reading the reference is atomic.
+    current = _listener
+    if current is not None:
+        current.wake_all()
+
+
+def wake_listener() -> None:
+    """Wake everyone waiting on this process's listener (safe in a signal handler: no lock is taken)."""
     current = _listener
     if current is not None:
         current.wake_all()

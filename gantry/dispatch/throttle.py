@@ -33,10 +33,14 @@ With ``GANTRY_RATE_LIMIT_ENABLED`` off nothing here talks to Redis.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal
@@ -62,13 +66,17 @@ FAILED_OPEN: Final = "failed_open"  # the limiter could not answer; the run went
 Outcome = Literal["dispatched", "limited", "failed_open"]
 
 # dispatched + failed_open = runs handed out; limited is the signal that an
-# org's purchased budget, not the dispatcher, holds its queue back.
+# org's purchased budget, not the dispatcher, holds its queue back. Not in the
+# default registry itself: gantry.metrics exports it summed with the backend
+# dispatcher's counts, which live in Redis (see record()).
 DISPATCH_TOTAL = Counter(
     "gantry_org_run_dispatch",
     "Claims that won a run, by what the dispatch budget said: dispatched, limited (rolled back), "
     "failed_open (Redis unavailable, dispatched anyway).",
     ["outcome"],
+    registry=None,
 )
+OUTCOMES: tuple[Outcome, ...] = (DISPATCHED, LIMITED, FAILED_OPEN)
 FAIL_OPEN_TOTAL = Counter(
     "gantry_throttle_fail_open",
     "Dispatches let through without a token because the throttle's Redis could not answer.",
@@ -232,9 +240,30 @@ def _fail_open(organization_id: int, exc: BaseException) -> Decision:
     return Decision(FAILED_OPEN)
 
 
+# Set by the backend dispatcher around its claims (:func:`tallied`): its
+# process serves no /metrics, so its counts go to Redis with the tick's other
+# figures instead of this process's counter, and every scrape sees them.
+_tally: ContextVar[collections.Counter[str] | None] = ContextVar("gantry_dispatch_tally", default=None)
+
+
 def record(outcome: Outcome) -> None:
     """Count a claim's outcome once its transaction has settled (committed, or rolled back when limited)."""
+    tally = _tally.get()
+    if tally is not None:
+        tally[outcome] += 1
+        return
     DISPATCH_TOTAL.labels(outcome=outcome).inc()
+
+
+@contextmanager
+def tallied() -> Iterator[collections.Counter[str]]:
+    """Count the outcomes of the claims made inside into the answered Counter rather than this process's."""
+    tally: collections.Counter[str] = collections.Counter()
+    token = _tally.set(tally)
+    try:
+        yield tally
+    finally:
+        _tally.reset(token)
 
 
 # Rate 0 never refills; a stamp for it still ends, an hour on, so that a rate

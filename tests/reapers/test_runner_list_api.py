@@ -24,7 +24,8 @@ def test_it_lists_the_groups_runners_with_their_runs(teammate_api: APIClient, st
     rows = response.json()
     assert [r["id"] for r in rows] == [str(busy), str(finished.runner_id)]  # oldest first
     assert set(rows[0]) == {"id", "status", "created_at", "ready_at", "accepted_at", "last_seen_at", "hostname",
-                            "launcher", "pid", "run_id"}  # fmt: skip
+                            "launcher", "pid", "run_id", "workflow_run_id", "workflow_run_url",
+                            "dispatched_at"}  # fmt: skip
     assert (rows[0]["status"], rows[0]["hostname"], rows[0]["pid"]) == ("busy", "node-1", 42)
     assert rows[0]["run_id"] == str(run.id)
     # A finished run keeps its runner pointer, but the runner no longer holds it.

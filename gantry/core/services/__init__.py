@@ -10,12 +10,20 @@ services``); the functions live in one module per concern:
 - ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete, a group's reconcile
 - ``tenancy`` — organizations, memberships, runner groups, stacks
 - ``members`` — invitations an existing user accepts, set-password links
+- ``github`` — github_actions runners: dispatch record, OIDC exchange, workflow run ended, release
 
 The one other place that moves a run is the poll's claim
 (``gantry.dispatch.claim``): pending → assigned, in one SQL statement.
 """
 
 from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
+from gantry.core.services.github import (
+    EndedRun,
+    github_runner_dispatched,
+    github_runner_oidc_exchange,
+    github_runner_release,
+    github_workflow_run_ended,
+)
 from gantry.core.services.members import (
     PasswordLink,
     invitation_accept,
@@ -84,6 +92,7 @@ __all__ = [
     "WORKER_EXITED",
     "WORKER_RUNNING",
     "WORKER_STATES",
+    "EndedRun",
     "LostRunner",
     "MemberChange",
     "PasswordLink",
@@ -94,6 +103,10 @@ __all__ = [
     "deployment_retry",
     "deployment_skip",
     "dispatch_failed",
+    "github_runner_dispatched",
+    "github_runner_oidc_exchange",
+    "github_runner_release",
+    "github_workflow_run_ended",
     "group_reconcile",
     "holds_run_sql",
     "invitation_accept",

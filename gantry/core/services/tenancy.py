@@ -15,6 +15,7 @@ from gantry.core import secrets as stack_secrets
 from gantry.core import specs, tokens
 from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken
 from gantry.core.models import (
+    GroupKind,
     Invitation,
     Membership,
     Organization,
@@ -132,6 +133,7 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
     """Create a group; returns it with its token (shown once, never stored)."""
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
+    fields.update(specs.validate_github_fields(fields.get("kind") or GroupKind.SELF_HOSTED, fields))
     if RunnerGroup.objects.filter(organization=org, name__iexact=name).exists():
         raise NameTaken(f"a runner group named {name!r} exists in this organization (names ignore case)")
     group = _create_named(RunnerGroup, "runner group", organization=org, name=name, **fields)
@@ -141,6 +143,11 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
 def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
+    if any(name in fields for name in specs.GITHUB_FIELDS):
+        # Checked whole: the group as it will be, not just the fields changed.
+        merged = {name: fields.get(name, getattr(group, name)) for name in specs.GITHUB_FIELDS}
+        clean = specs.validate_github_fields(group.kind, merged)
+        fields.update({name: clean[name] for name in specs.GITHUB_FIELDS if name in fields})
     if (
         "name" in fields
         and RunnerGroup.objects.filter(organization_id=group.organization_id, name__iexact=fields["name"])
