@@ -226,7 +226,8 @@ class ReadyView(APIView):
     @extend_schema(
         operation_id="runners_ready",
         request=ReadySerializer,
-        responses={204: None, **runner_errors(400, 401, 403, 409)},
+        # 404: a path id that is not a uuid matches no route.
+        responses={204: None, **runner_errors(400, 401, 403, 404, 409)},
         description="not_ready → ready, recording the runner's host metadata. Idempotent: a runner already "
         "ready gets 204 again (its first answer may have been lost). 409 runner_busy once it has accepted.",
     )
@@ -368,7 +369,7 @@ class DeregisterView(APIView):
 
     @extend_schema(
         operation_id="runners_deregister",
-        responses={204: None, **runner_errors(401, 403, 409)},
+        responses={204: None, **runner_errors(401, 403, 404, 409)},
         description="Delete the runner row (freeing its group slot and releasing any run it points at). "
         "409 runner_holds_run only while it holds a run: running, requested_cancellation, cancelling, or "
         "assigned with an unexpired lease. A runner whose run was skipped or whose lease lapsed may always go.",

@@ -70,7 +70,8 @@ class LiveLogView(APIView):
         request=LivePushSerializer,
         responses={
             204: OpenApiResponse(description="accepted, or dropped (no Redis; the run no longer executes here)"),
-            **runner_errors(400, 401, 403),
+            # 404: a path id that is not a uuid matches no route.
+            **runner_errors(400, 401, 403, 404),
         },
         description="Replace the run's live log record (a snapshot of its active chunk). Best-effort: 204 for "
         "every well-formed push, also when Redis is unavailable or the run is no longer executing on this runner "
