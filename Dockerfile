@@ -13,9 +13,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies first: this layer is rebuilt only when requirements.txt changes.
-COPY requirements.txt .
-RUN pip install -r requirements.txt
+# Dependencies first: this layer is rebuilt only when the lock changes. The
+# lock pins every runtime dependency, transitive ones too, with hashes
+# (.ci/lock-check keeps it in step with requirements.txt); the embedded
+# databases of the development path are not in it.
+COPY requirements.lock .
+RUN pip install --require-hashes --no-deps -r requirements.lock
 
 # The code stays root-owned (read-only to the service); the service user can
 # write only its data folder (the generated secret key when GANTRY_SECRET_KEY

@@ -119,6 +119,8 @@ def venv_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # Tools and tests that spawn `gunicorn`, `celery` or `python` find the venv's.
     env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("DJANGO_SETTINGS_MODULE", "gantry.settings")
+    # The development path: without DATABASE_URL / REDIS_URL, the embedded databases (settings refuse them otherwise).
+    env.setdefault("GANTRY_EMBEDDED", "1")
     env.update(extra or {})
     return env
 

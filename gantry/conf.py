@@ -47,6 +47,14 @@ class GantryConf:
                 "GANTRY_STUB_CUTOFF must be longer than GANTRY_ASSIGNMENT_TTL, "
                 "or a booting runner loses its run before its lease ends"
             )
+        if self.runner_force_gate < self.assignment_ttl:
+            # Force-delete locks runner then run, accept the reverse; the gate
+            # keeps them apart only while no accept can be in flight for a runner
+            # offline that long, which the lease guarantees (services.runners).
+            raise ImproperlyConfigured(
+                "GANTRY_RUNNER_FORCE_GATE must be at least GANTRY_ASSIGNMENT_TTL, "
+                "or a force-delete could race an accept still within its lease"
+            )
 
 
 @functools.cache
@@ -65,7 +73,7 @@ def get() -> GantryConf:
         dispatch_batch_size=envint("GANTRY_DISPATCH_BATCH_SIZE", 100, minimum=1, maximum=10_000),
         dispatch_interval=envint("GANTRY_DISPATCH_INTERVAL", 5, minimum=1),
         log_max_bytes=envint("GANTRY_LOG_MAX_BYTES", 256 * 1024 * 1024, minimum=1024),
-        poll_max_wait=envint("GANTRY_POLL_MAX_WAIT", 30, minimum=0, maximum=300),
+        poll_max_wait=envint("GANTRY_POLL_MAX_WAIT", 30, minimum=0, maximum=30),
         poll_stale_after=envint("GANTRY_POLL_STALE_AFTER", 60, minimum=1),
     )
     conf.check()

@@ -7,6 +7,7 @@ Gantry's own knobs (``GANTRY_*`` timings and switches) are read in
 from __future__ import annotations
 
 import secrets
+import sys
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -135,6 +136,17 @@ def _database_from_url(url: str) -> dict[str, object]:
     }
 
 
+# The embedded PostgreSQL and Redis (gantry/embedded.py) are the development
+# path: `dev.py` sets GANTRY_EMBEDDED=1, the test suite runs under pytest, mypy's
+# Django plugin loads these settings, and DEBUG is a developer's switch. A production server missing DATABASE_URL or
+# REDIS_URL must stop here, not quietly boot databases of its own in a folder.
+if not (envstr("DATABASE_URL") and envstr("REDIS_URL")) and not (
+    DEBUG or envbool("GANTRY_EMBEDDED", False) or "pytest" in sys.modules or "mypy" in sys.modules
+):
+    raise ImproperlyConfigured(
+        "DATABASE_URL and REDIS_URL must be set (postgres://... and redis://...). The embedded databases are "
+        "for development only: run `python3 dev.py run`, or set GANTRY_EMBEDDED=1 to use them on purpose."
+    )
 DATABASE_URL = envstr("DATABASE_URL") or embedded.postgres_url()
 DATABASES = {"default": _database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -248,7 +260,8 @@ for _key in filter(None, (k.strip() for k in GANTRY_SECRETS_KEYS.split(","))):
             "import Fernet; print(Fernet.generate_key().decode())')"
         ) from None
 
-GANTRY = conf.get()
+# Gantry's knobs, read once here so a malformed one stops the process at start.
+_conf = conf.get()
 
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
 # Gantry's queue on the broker; installations sharing one Redis each name their own.
@@ -264,14 +277,14 @@ CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Keep Gantry's JSON log lines (LOGGING below) in the worker too.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-# The one schedule (DESIGN §6): each reaper every GANTRY_REAPER_INTERVAL seconds.
+# The one schedule (docs/reapers.md): each reaper every GANTRY_REAPER_INTERVAL seconds.
 # A tick not started within its period expires: the next one does its work.
 # Exactly one beat may run (`celery -A gantry beat`, or `worker -B` for one worker).
 CELERY_BEAT_SCHEDULE = {
     f"reap-{name.replace('_', '-')}": {
         "task": f"gantry.reapers.{name}",
-        "schedule": float(GANTRY.reaper_interval),
-        "options": {"expires": float(GANTRY.reaper_interval)},
+        "schedule": float(_conf.reaper_interval),
+        "options": {"expires": float(_conf.reaper_interval)},
     }
     for name in ("expired_assignments", "inactive_runners", "startup_deadline", "cancellation_backstop")
 }

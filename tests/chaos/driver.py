@@ -35,7 +35,7 @@ TIMINGS = {
     "GANTRY_STUB_CUTOFF": 15,  # must exceed the lease (conf.check())
     "GANTRY_RUNNER_EXECUTION_TIMEOUT": 8,
     "GANTRY_RUNNER_STARTUP_DEADLINE": 90,
-    "GANTRY_RUNNER_FORCE_GATE": 5,
+    "GANTRY_RUNNER_FORCE_GATE": 8,  # at least the lease (conf.check)
     "GANTRY_STATUS_INTERVAL": 1,
     "GANTRY_LIVE_LOG_INTERVAL": 1,
 }

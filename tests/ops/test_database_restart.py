@@ -51,6 +51,7 @@ def test_requests_after_a_database_restart_all_succeed(tmp_path: Path, request: 
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env["GANTRY_DATA_DIR"] = str(data)
+    env["GANTRY_EMBEDDED"] = "1"  # on purpose: these tests are about the embedded databases
     request.addfinalizer(
         lambda: subprocess.run([sys.executable, str(ROOT / "dev.py"), "stop"], env=env, capture_output=True, timeout=90)
     )

@@ -59,6 +59,7 @@ def test_it_serves_on_embedded_postgres_and_redis(tmp_path: Path, request: pytes
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
     env["GANTRY_DATA_DIR"] = str(data)
+    env["GANTRY_EMBEDDED"] = "1"  # on purpose: these tests are about the embedded databases
     server_pids: dict[str, int] = {}
 
     def leave_nothing_behind() -> None:

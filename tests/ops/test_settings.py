@@ -49,6 +49,7 @@ def test_it_starts_with_the_defaults(tmp_path: Path) -> None:
         ({"DATABASE_URL": "mysql://root@127.0.0.1/gantry"}, "DATABASE_URL"),
         ({"GANTRY_REDIS_DB": "16"}, "GANTRY_REDIS_DB"),
         ({"GANTRY_SECRETS_KEYS": "not-a-fernet-key"}, "GANTRY_SECRETS_KEYS"),
+        ({"GANTRY_RUNNER_FORCE_GATE": "60"}, "GANTRY_RUNNER_FORCE_GATE"),
     ],
 )
 def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[str, str], named: str) -> None:
@@ -56,6 +57,18 @@ def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert named in result.stderr
+
+
+def test_a_production_server_without_database_urls_refuses_the_embedded_databases(tmp_path: Path) -> None:
+    unset = ("DATABASE_URL", "REDIS_URL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_") and k not in unset}
+    env["GANTRY_DATA_DIR"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "DATABASE_URL and REDIS_URL must be set" in result.stderr
+    assert not (tmp_path / "postgres").exists()  # nothing was booted
 
 
 def test_the_suite_runs_on_a_redis_database_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
