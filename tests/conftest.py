@@ -137,7 +137,7 @@ def clean_buckets() -> Iterator[None]:
     clear_buckets()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def _stop_longpoll_listener(django_db_setup: None) -> Iterator[None]:
     """A long poll starts a listener holding a connection to the test database.
 
@@ -146,6 +146,13 @@ def _stop_longpoll_listener(django_db_setup: None) -> Iterator[None]:
     """
     yield
     longpoll.stop_listener()
+
+
+@pytest.fixture(autouse=True)
+def _listener_stops_before_the_database_goes(request: pytest.FixtureRequest) -> None:
+    # Only for tests that set up the database: the fast tier (-m unit) never creates one.
+    if _SERVICE_FIXTURES.intersection(request.fixturenames) or request.node.get_closest_marker("django_db"):
+        request.getfixturevalue("_stop_longpoll_listener")
 
 
 @pytest.fixture
@@ -169,3 +176,30 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     from tests.figures import print_figures
 
     print_figures(terminalreporter, config)
+
+
+# ---------------------------------------------------------------- tiers
+#
+# `python3 dev.py test -m unit` runs the fast tier: tests that need no database,
+# no Redis and no process of their own. A test is in it unless it asks for the
+# database (a django_db mark, a db or live-server fixture), is marked for real
+# processes or outside services, or lives where everything talks to Redis or
+# starts servers. Everything else is the integration tier (the default run
+# takes both).
+_SERVICE_FIXTURES = frozenset({"db", "transactional_db", "live_server", "own_redis", "clean_buckets"})
+_SERVICE_MARKS = frozenset({"django_db", "e2e", "docker", "chaos", "fuzz", "browser"})
+# Folders whose tests all reach Redis, PostgreSQL or start processes, fixtures or not.
+_SERVICE_DIRS = ("tests/throttle/", "tests/e2e/", "tests/k8s/", "tests/github/", "tests/chaos/", "tests/browser/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the mark
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = str(item.path.relative_to(config.rootpath))
+        services = (
+            _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            or any(item.get_closest_marker(m) for m in _SERVICE_MARKS)
+            or path.startswith(_SERVICE_DIRS)
+        )
+        if not services:
+            item.add_marker(pytest.mark.unit)

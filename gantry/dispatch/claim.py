@@ -225,19 +225,15 @@ class Throttled(Exception):
         self.until = until
 
 
-def _consume_dispatch_token(
-    *, organization_id: int, now: datetime, runs_per_hour_limit: int | None = None
-) -> throttle.Outcome:
+def _consume_dispatch_token(*, organization_id: int, now: datetime, runs_per_hour_limit: int) -> throttle.Outcome:
     """The throttle seam: spend one token of the org's runs/hour budget or raise Throttled.
 
     Called after the claim won its row and before commit, so a poll that lost
-    the SKIP LOCKED race never spends a token. ``claim()`` passes the rate its
-    statement read; another caller may leave it out and pay one query. Answers
+    the SKIP LOCKED race never spends a token. ``runs_per_hour_limit`` is the
+    rate the claim's statement read with the run (no query of its own). Answers
     the outcome to count once the transaction commits (dispatched, or
     failed_open when Redis could not answer and the run goes out anyway).
     """
-    if runs_per_hour_limit is None:
-        runs_per_hour_limit = Organization.objects.values_list("runs_per_hour_limit", flat=True).get(id=organization_id)
     decision = throttle.consume(organization_id=organization_id, rate=runs_per_hour_limit)
     if decision.outcome == throttle.LIMITED:
         raise Throttled(

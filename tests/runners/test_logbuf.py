@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+import time_machine
 
 from runners.client import ApiError, ServerUnreachable, Upload
 from runners.logbuf import LogBuffer, LogShipper, gzip_bytes
@@ -103,19 +104,18 @@ def test_writes_block_while_too_many_chunks_wait_for_upload() -> None:
     assert taken == list(range(10))
 
 
-def test_it_takes_50_mib_in_pipe_sized_blocks_quickly() -> None:
+def test_it_takes_50_mib_in_pipe_sized_blocks_whole_and_in_order() -> None:
+    """Its speed is a benchmark figure (tests/bench/logbuf.py), not an assertion here."""
     buf = LogBuffer(chunk_size=1 << 20, seal_interval=30, max_bytes=256 << 20, max_pending=1000)
     block = b"".join(b"%07d\n" % i for i in range(8192))  # 64 KiB, the size of a pipe read
-    started = time.perf_counter()
     for _ in range(800):
         buf.write(block)
-    seconds = time.perf_counter() - started
     buf.close()
     chunks = drain(buf)
     assert sum(len(c) for _, c in chunks) == 800 * len(block)
     assert [i for i, _ in chunks] == list(range(len(chunks)))
-    print(f"\n50 MiB through LogBuffer.write in {seconds * 1000:.0f} ms ({len(chunks)} chunks)")
-    assert seconds < 5  # generous: it is a slice and an append per block
+    assert b"".join(c for _, c in chunks) == block * 800
+    assert all(len(c) <= 1 << 20 for _, c in chunks)
 
 
 class FakeClient:
@@ -205,10 +205,16 @@ def test_a_chunk_the_server_refuses_is_given_up_but_stays_in_the_manifest() -> N
 
 
 @pytest.mark.parametrize("size", [0, 1, 1000])
-def test_gzip_is_deterministic(size: int) -> None:
+def test_gzip_is_the_same_bytes_whenever_it_is_made(size: int) -> None:
+    """A retried PUT must carry the first one's bytes (same sha256): no timestamp in the gzip header."""
     data = b"x" * size
-    assert gzip_bytes(data) == gzip_bytes(data)
-    assert gzip.decompress(gzip_bytes(data)) == data
+    with time_machine.travel("2026-01-01 00:00:00", tick=False):
+        first = gzip_bytes(data)
+    with time_machine.travel("2031-06-15 12:34:56", tick=False):
+        later = gzip_bytes(data)
+    assert first == later
+    assert first[4:8] == b"\0\0\0\0"  # MTIME, RFC 1952
+    assert gzip.decompress(first) == data
 
 
 def test_when_storage_stays_down_finish_still_names_every_chunk_in_the_manifest() -> None:
@@ -217,10 +223,8 @@ def test_when_storage_stays_down_finish_still_names_every_chunk_in_the_manifest(
     shipper = LogShipper(client, "run-1", buf, live_interval=60, upload_deadline=3600)  # type: ignore[arg-type]
     shipper.start()
     buf.write(b"aaaabbbbcc")
-    started = time.monotonic()
-    manifest = shipper.finish(timeout=0.5)
+    manifest = shipper.finish(timeout=0.5)  # gives up rather than retrying for the hour's upload deadline
 
-    assert time.monotonic() - started < 30  # gave up instead of retrying for an hour
     assert manifest.count == 3
     assert manifest.uploaded == 0
     assert manifest.sha256 == [hashlib.sha256(gzip_bytes(c)).hexdigest() for c in (b"aaaa", b"bbbb", b"cc")]
