@@ -108,7 +108,7 @@ class Backoff:
 NO_RETRY = RetryPolicy(attempts=1)
 DEFAULT_RETRY = RetryPolicy()
 # /ready is idempotent on ready (a lost 204 looks like a request that never
-# committed), so the runner keeps asking for up to 30 s (reference: Ready).
+# committed), so the runner keeps asking for up to 30 s (docs/design.md: Ready).
 READY_RETRY = RetryPolicy(attempts=1000, base=0.5, cap=5.0, deadline=30.0)
 
 

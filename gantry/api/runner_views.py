@@ -1,4 +1,4 @@
-"""The runner-group and runner calls of the two-phase protocol (DESIGN §4).
+"""The runner-group and runner calls of the two-phase protocol (docs/design.md §4).
 
 Group calls take the group JWT; runner calls take the runner JWT, and every
 runner route checks the path against the token (the run binding): a token for

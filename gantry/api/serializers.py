@@ -1,4 +1,4 @@
-"""Answer and request shapes of the user and admin API (DESIGN §4).
+"""Answer and request shapes of the user and admin API (docs/design.md §4).
 
 Output serializers are read-only renderings; request serializers check types
 only. Domain rules (label namespaces, spec shape, state) live in the services,

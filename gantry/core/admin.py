@@ -311,7 +311,7 @@ class OrganizationForm(forms.ModelForm):
         return group
 
 
-# Dispatch budget and identity: a super-admin's to set (DESIGN §4: the rate is
+# Dispatch budget and identity: a super-admin's to set (docs/design.md §4: the rate is
 # read-only for org admins); the throttle stamp belongs to the dispatcher.
 ROOT_ONLY_ORG_FIELDS = ("slug", "runs_per_hour_limit", "max_in_flight")
 SYSTEM_ORG_FIELDS = ("dispatch_throttled_until", "created_at")

@@ -1,4 +1,4 @@
-"""Gantry's domain model (DESIGN §2).
+"""Gantry's domain model (docs/design.md §2).
 
 Writes to these tables go through ``gantry.core.services``; models carry no
 state-changing methods. Invariants that must hold under concurrency are
@@ -305,7 +305,7 @@ class RunSelector(models.Model):
 
     A poll matches ``selector <@ group.labels`` against this small table, then
     probes the pending-run index once per matching selector, so its cost follows
-    the number of distinct selectors, never the backlog (PERFORMANCE-NOTES.md).
+    the number of distinct selectors, never the backlog (docs/performance.md).
     """
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="selectors")

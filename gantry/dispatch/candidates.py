@@ -1,4 +1,4 @@
-"""The backend dispatcher's candidate query (reference: ListDispatchCandidates) and the per-org in-flight cap.
+"""The backend dispatcher's candidate query (docs/design.md: ListDispatchCandidates) and the per-org in-flight cap.
 
 One statement lists a bounded batch of pending runs that github_actions
 groups could take now, oldest first:

@@ -1,6 +1,6 @@
 """The live record: one Redis key per run holding the runner's latest snapshot of its active chunk.
 
-Best-effort by design (runner-polling.md, "Live Log Push"): every call here
+Best-effort by design (docs/design.md, "Live Log Push"): every call here
 swallows Redis errors. Without Redis a push is dropped and the log shows up
 chunk by chunk as chunks seal; nothing in a run's life depends on this record.
 

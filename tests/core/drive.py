@@ -1,4 +1,4 @@
-"""Helpers that drive runs through the state machine (DESIGN §3) with explicit times.
+"""Helpers that drive runs through the state machine (docs/design.md §3) with explicit times.
 
 Every helper goes through ``gantry.core.services`` only; the tests that bypass the
 services on purpose (database invariants) write their SQL themselves.

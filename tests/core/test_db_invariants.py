@@ -1,4 +1,4 @@
-"""Invariants the database enforces (DESIGN §2), exercised under real concurrency.
+"""Invariants the database enforces (docs/design.md §2), exercised under real concurrency.
 
 Each racing thread uses its own connection (Django connections are per thread) and
 closes it when done. The threads meet at a ``threading.Barrier`` so their

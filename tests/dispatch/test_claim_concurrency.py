@@ -1,4 +1,4 @@
-"""The claim under real concurrency (DESIGN §5): slots, SKIP LOCKED, one winner per run.
+"""The claim under real concurrency (docs/design.md §5): slots, SKIP LOCKED, one winner per run.
 
 Each poll runs in its own thread with its own database connection (Django
 connections are per thread) and closes it at the end. The threads meet at a

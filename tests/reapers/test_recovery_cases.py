@@ -1,4 +1,4 @@
-"""The reference's recovery cases, healed by the reapers (runner-polling.md, "Important recovery cases").
+"""The recovery cases of docs/design.md §6, healed by the reapers (docs/design.md, "Important recovery cases").
 
 Each test drives the protocol's services and the real claim at explicit
 times, and runs every reaper at each instant, as a beat tick would.

@@ -104,7 +104,7 @@ def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None 
     """assigned → running for the runner that holds an unexpired lease; mints the run API token.
 
     Returns the run and the clear-text API token (the database keeps its hash).
-    Refusals follow the reference's "When the accept response never arrives"
+    Refusals follow docs/design.md's "When the accept response never arrives"
     and "When the run is already terminal at accept".
     """
     now = resolve_now(now)
