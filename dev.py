@@ -458,31 +458,14 @@ def processes(python: Path, port: int) -> list[tuple[str, list[str]]]:
             ],
         ),
     ]
-    if (ROOT / "gantry" / "celery.py").exists():
-        # One worker with the beat scheduler inside (-B): the reapers run every
-        # GANTRY_REAPER_INTERVAL seconds. One process is plenty on a laptop; the
-        # schedule file lives in the data folder, not in the checkout.
-        procs.append(
-            (
-                "celery",
-                [
-                    *(
-                        str(python),
-                        "-m",
-                        "celery",
-                        "-A",
-                        "gantry",
-                        "worker",
-                        "-B",
-                        "--concurrency",
-                        "1",
-                        "--without-gossip",
-                        "--without-mingle",
-                    ),
-                    *("--loglevel", "INFO", "--schedule", str(root / "celerybeat-schedule")),
-                ],
-            )
-        )
+    # One worker with the beat scheduler inside (-B): the reapers run every
+    # GANTRY_REAPER_INTERVAL seconds. One process is plenty on a laptop; the
+    # schedule file lives in the data folder, not in the checkout. Gantry uses
+    # neither gossip nor mingle; without them a worker rides out a Redis restart.
+    celery = [str(python), "-m", "celery", "-A", "gantry", "worker", "-B", "--concurrency", "1"]
+    celery += ["--without-gossip", "--without-mingle", "--loglevel", "INFO"]
+    celery += ["--schedule", str(root / "celerybeat-schedule")]
+    procs.append(("celery", celery))
     procs.append(
         (
             "coordinator",
@@ -531,35 +514,24 @@ def follow_run(base_url: str, token: str, run_id: str, supervisor: Supervisor, t
     offset = 0
     pending = ""
     status = ""
-    logs_available = True
     deadline = time.monotonic() + timeout
     while not supervisor.stopping and not supervisor.exited() and time.monotonic() < deadline:
         try:
             # The status first, the log second: a run seen terminal has its whole log in storage.
             run = api_call(base_url, token, "GET", f"/api/v1/runs/{run_id}")
             assert isinstance(run, dict)
-            complete = False
-            if logs_available:
-                try:
-                    page = api_call(base_url, token, "GET", f"/api/v1/runs/{run_id}/logs?offset={offset}")
-                except urllib.error.HTTPError as exc:
-                    if exc.code != 404:
-                        raise
-                    logs_available = False  # a server without the log API: statuses only
-                else:
-                    assert isinstance(page, dict)
-                    pending += str(page["text"])
-                    offset = int(page["next_offset"])
-                    *lines, pending = pending.split("\n")
-                    for line in lines:
-                        print(f"    | {line}", flush=True)
-                    # final: nothing more will come (complete, or known to have lost some output).
-                    complete = bool(page.get("final", page["complete"]))
+            page = api_call(base_url, token, "GET", f"/api/v1/runs/{run_id}/logs?offset={offset}")
+            assert isinstance(page, dict)
+            pending += str(page["text"])
+            offset = int(page["next_offset"])
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                print(f"    | {line}", flush=True)
             if run["status"] != status:
                 status = str(run["status"])
                 print(f"    [run {status}]", flush=True)
-            terminal = status in ("succeeded", "failure", "cancelled", "discarded", "startup_timeout")
-            if terminal and (complete or not logs_available):
+            # final: the run has ended and nothing more will come (complete, or with a line saying what was lost).
+            if page["final"]:
                 if pending:
                     print(f"    | {pending}", flush=True)
                 return status
