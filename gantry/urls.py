@@ -1,3 +1,5 @@
+"""The site's routes: the API, the admin, the pages, the ops endpoints, the runner's one-file client."""
+
 from django.contrib import admin
 from django.urls import include, path
 

@@ -1,3 +1,5 @@
+"""The API app's configuration."""
+
 from django.apps import AppConfig
 
 

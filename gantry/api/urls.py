@@ -1,3 +1,5 @@
+"""The routes under /api/v1 (the contract: schema/openapi.yaml, docs/api.md, docs/protocol.md)."""
+
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 

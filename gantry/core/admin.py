@@ -24,230 +24,40 @@ service fails the run it was executing first).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import models
-from django.db.models import Model, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from gantry.core import services, specs
 from gantry.core.admin_display import NoCreatedAtOnAdd, RunColumns, StorableJSONField, seconds
-from gantry.core.errors import GantryError, InvalidRequest
+from gantry.core.admin_scoping import (
+    ReadOnlyInline,
+    ReadOnlyScopedAdmin,
+    ScopedAdmin,
+    acting_user,
+    admin_org_ids,
+    adopt,
+    allowed,
+    check_unique_name,
+    form_validated,
+    scope_fk_choices,
+)
+from gantry.core.errors import InvalidRequest
 from gantry.core.models import (
     Deployment,
     Membership,
     Organization,
-    Role,
     Run,
     RunEvent,
     Runner,
     RunnerGroup,
     Stack,
 )
-
-# --------------------------------------------------------------------------
-# Scoping
-# --------------------------------------------------------------------------
-
-_CACHE_ATTR = "_gantry_admin_org_ids"
-
-
-def admin_org_ids(request: HttpRequest) -> frozenset[int] | None:
-    """The ids of the orgs whose objects this user may administer; ``None`` means every org.
-
-    Asked many times per page (every permission check, every inline), so the
-    answer is kept on the request.
-    """
-    if hasattr(request, _CACHE_ATTR):
-        cached: frozenset[int] | None = getattr(request, _CACHE_ATTR)
-        return cached
-    user = request.user
-    orgs: frozenset[int] | None
-    if not isinstance(user, User) or not user.is_active or not user.is_staff:
-        orgs = frozenset()
-    elif user.is_superuser:
-        orgs = None
-    else:
-        orgs = frozenset(
-            Membership.objects.filter(user=user, role=Role.ADMIN).values_list("organization_id", flat=True)
-        )
-    setattr(request, _CACHE_ATTR, orgs)
-    return orgs
-
-
-def _org_id_of(obj: Model, path: str) -> int:
-    """Follow ``path`` (``"pk"`` or e.g. ``"stack__organization"``) from ``obj`` to its org id."""
-    if path == "pk":
-        return int(obj.pk)
-    *hops, last = path.split("__")
-    for hop in hops:
-        obj = getattr(obj, hop)
-    return int(getattr(obj, f"{last}_id"))
-
-
-def _allowed(request: HttpRequest, obj: Model | None, path: str) -> bool:
-    orgs = admin_org_ids(request)
-    if orgs is None:
-        return True
-    if not orgs:
-        return False
-    return obj is None or _org_id_of(obj, path) in orgs
-
-
-# How each model reachable by a foreign key in these forms leads to its org.
-_FK_SCOPES: dict[type[Model], str] = {
-    Organization: "id__in",
-    RunnerGroup: "organization_id__in",
-    Stack: "organization_id__in",
-    # A membership may only name people already in one of the admin's orgs:
-    # the full user list is not an org admin's to browse. New people join
-    # through POST /orgs/{org}/members, which creates the user.
-    User: "memberships__organization_id__in",
-}
-
-
-def _scope_fk_choices(request: HttpRequest, db_field: Any, kwargs: dict[str, Any]) -> None:
-    orgs = admin_org_ids(request)
-    lookup = _FK_SCOPES.get(db_field.related_model)
-    if orgs is not None and lookup is not None:
-        kwargs["queryset"] = db_field.related_model._default_manager.filter(**{lookup: orgs}).distinct()
-
-
-class ScopedAdmin(admin.ModelAdmin):
-    """A ModelAdmin whose rows and permissions follow the user's admin orgs."""
-
-    formfield_overrides = {models.JSONField: {"form_class": StorableJSONField}}
-
-    # The path from this model to its Organization, as a query lookup.
-    org_path = "organization"
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        qs = super().get_queryset(request)
-        orgs = admin_org_ids(request)
-        if orgs is None:
-            return qs
-        key = "pk__in" if self.org_path == "pk" else f"{self.org_path}_id__in"
-        return qs.filter(**{key: orgs})
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return _allowed(request, None, self.org_path)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, obj, self.org_path)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, obj, self.org_path)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return _allowed(request, None, self.org_path)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # see the module docstring
-
-    # The permission the service-calling actions ask for (``permissions=["operate"]``):
-    # anyone who may see the rows may ask the services; the services decide.
-    def has_operate_permission(self, request: HttpRequest) -> bool:
-        return _allowed(request, None, self.org_path)
-
-    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        _scope_fk_choices(request, db_field, kwargs)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-    def _apply(
-        self,
-        request: HttpRequest,
-        objects: Iterable[Any],
-        act: Callable[[Any], object],
-        done_message: str,
-        label: Callable[[Any], str] = str,
-    ) -> None:
-        """Call ``act`` on each object; a refusal is reported by name and does not stop the rest."""
-        done = 0
-        for obj in objects:
-            try:
-                act(obj)
-            except GantryError as exc:
-                self.message_user(request, f"{label(obj)}: {exc.detail}", messages.WARNING)
-            else:
-                done += 1
-        if done:
-            self.message_user(request, done_message.format(count=done), messages.SUCCESS)
-
-
-class ReadOnlyScopedAdmin(ScopedAdmin):
-    """Rows that only services change: viewable, never added or edited here."""
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-
-class ReadOnlyInline(admin.TabularInline):
-    """A read-only child table; ``parent_org_path`` leads from the *parent* to its org."""
-
-    parent_org_path = "organization"
-    extra = 0
-    can_delete = False
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, obj, self.parent_org_path)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-def _acting_user(request: HttpRequest) -> User | None:
-    return request.user if isinstance(request.user, User) else None
-
-
-def _adopt(obj: Model, created: Model) -> None:
-    """Point the admin's unsaved instance at the row a service created.
-
-    The admin goes on to log the addition and redirect using ``obj``.
-    """
-    obj.pk = created.pk
-    obj._state.adding = False
-    obj.refresh_from_db()
-
-
-def _validated(check: Callable[[Any], Any], value: Any) -> Any:
-    """Run a ``specs`` validator, turning its refusal into a form error."""
-    try:
-        return check(value)
-    except InvalidRequest as exc:
-        raise ValidationError(exc.detail) from exc
-
-
-def _check_unique_name(form: forms.ModelForm, model: type[Model]) -> None:
-    # The (organization, name) constraint is only checked by Django when the
-    # organization is a form field; on change it is read-only, so check here
-    # rather than let the service's Conflict surface as a server error.
-    name = form.cleaned_data.get("name")
-    org = form.cleaned_data.get("organization")
-    org_id = org.id if org is not None else form.instance.organization_id
-    if (
-        name
-        and org_id
-        and model._default_manager.filter(organization_id=org_id, name__iexact=name)
-        .exclude(pk=form.instance.pk)
-        .exists()
-    ):
-        form.add_error("name", f"A {model._meta.verbose_name} named {name!r} exists in this organization.")
-
 
 # --------------------------------------------------------------------------
 # Organizations and memberships
@@ -280,7 +90,7 @@ class MembershipInline(admin.TabularInline):
         return seconds(membership.created_at) if membership.pk else "-"
 
     def _allowed(self, request: HttpRequest, obj: Any) -> bool:
-        return _allowed(request, obj, "pk")  # obj is the parent Organization
+        return allowed(request, obj, "pk")  # obj is the parent Organization
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self._allowed(request, obj)
@@ -295,7 +105,7 @@ class MembershipInline(admin.TabularInline):
         return self._allowed(request, obj)
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        _scope_fk_choices(request, db_field, kwargs)
+        scope_fk_choices(request, db_field, kwargs)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
@@ -346,7 +156,7 @@ class OrganizationAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     def save_model(self, request: HttpRequest, obj: Organization, form: Any, change: bool) -> None:
         data, changed = form.cleaned_data, set(form.changed_data)
         if not change:
-            _adopt(obj, services.org_create(slug=data["slug"], name=data["name"]))
+            adopt(obj, services.org_create(slug=data["slug"], name=data["name"]))
             changed -= {"slug", "name"}
         plain = [f for f in ("slug", "name", "max_in_flight") if f in changed]
         if plain:
@@ -372,7 +182,7 @@ class OrganizationAdmin(NoCreatedAtOnAdd, ScopedAdmin):
             # membership_set also makes a new org admin staff, so the grant works here; someone not yet
             # a member is invited (they join once they accept), never attached without consent.
             result = services.membership_set(
-                org=form.instance, username=membership.user.username, role=membership.role, by=_acting_user(request)
+                org=form.instance, username=membership.user.username, role=membership.role, by=acting_user(request)
             )
             if result.invitation is not None:
                 self.message_user(
@@ -402,11 +212,11 @@ class RunnerGroupForm(forms.ModelForm):
         fields = ["organization", *GROUP_FIELDS]
 
     def clean_labels(self) -> dict[str, str]:
-        return _validated(specs.validate_group_labels, self.cleaned_data.get("labels") or {})
+        return form_validated(specs.validate_group_labels, self.cleaned_data.get("labels") or {})
 
     def clean(self) -> dict[str, Any] | None:
         cleaned = super().clean()
-        _check_unique_name(self, RunnerGroup)
+        check_unique_name(self, RunnerGroup)
         data = self.cleaned_data
         kind = data.get("kind") or self.instance.kind
         try:
@@ -471,7 +281,7 @@ class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
         group, token = services.runner_group_create(
             org=data["organization"], **{f: data[f] for f in GROUP_FIELDS if f in data}
         )
-        _adopt(obj, group)
+        adopt(obj, group)
         self._show_token(request, group, token)
 
     def _show_token(self, request: HttpRequest, group: RunnerGroup, token: str) -> None:
@@ -525,7 +335,7 @@ class RunnerAdmin(ReadOnlyScopedAdmin):
         # Imported here: the reapers app depends on core, not the other way round.
         from gantry.reapers.reapers import force_delete_runner
 
-        by = _acting_user(request)
+        by = acting_user(request)
         self._apply(
             request,
             queryset,
@@ -558,12 +368,12 @@ class StackForm(forms.ModelForm):
         fields = ["organization", *STACK_FIELDS]
 
     def clean_labels(self) -> dict[str, str]:
-        return _validated(specs.validate_stack_labels, self.cleaned_data.get("labels") or {})
+        return form_validated(specs.validate_stack_labels, self.cleaned_data.get("labels") or {})
 
     def clean_spec(self) -> dict[str, Any] | None:
         # Empty means "no default spec" (deployments bring their own), never an empty spec.
         spec = self.cleaned_data.get("spec")
-        return _validated(specs.validate_spec, spec) if spec else None
+        return form_validated(specs.validate_spec, spec) if spec else None
 
     def clean_secrets_update(self) -> dict[str, str | None]:
         update = self.cleaned_data.get("secrets_update")
@@ -574,12 +384,12 @@ class StackForm(forms.ModelForm):
         ):
             raise ValidationError("Give a JSON object mapping secret names to a string, or to null to remove it.")
         # The same rules as the API: names a step's shell can use, storable values.
-        _validated(specs.validate_secrets, {k: v for k, v in update.items() if v is not None})
+        form_validated(specs.validate_secrets, {k: v for k, v in update.items() if v is not None})
         return update
 
     def clean(self) -> dict[str, Any] | None:
         cleaned = super().clean()
-        _check_unique_name(self, Stack)
+        check_unique_name(self, Stack)
         return cleaned
 
 
@@ -622,7 +432,7 @@ class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
             spec=data["spec"],
             secrets={k: v for k, v in update.items() if v is not None},
         )
-        _adopt(obj, stack)
+        adopt(obj, stack)
 
 
 # --------------------------------------------------------------------------
@@ -655,7 +465,7 @@ class DeploymentAdmin(ReadOnlyScopedAdmin):
 
     @admin.action(description="Skip selected deployments (discard runs not yet started)", permissions=["operate"])
     def skip(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        by = _acting_user(request)
+        by = acting_user(request)
         self._apply(
             request,
             queryset,
@@ -665,7 +475,7 @@ class DeploymentAdmin(ReadOnlyScopedAdmin):
 
     @admin.action(description="Retry selected deployments (new attempt)", permissions=["operate"])
     def retry(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        by = _acting_user(request)
+        by = acting_user(request)
         self._apply(
             request,
             queryset,
@@ -715,7 +525,7 @@ class RunAdmin(RunColumns, ReadOnlyScopedAdmin):
 
     @admin.action(description="Cancel selected runs", permissions=["operate"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        by = _acting_user(request)
+        by = acting_user(request)
         self._apply(
             request,
             queryset,

@@ -1,0 +1,1 @@
+"""Dispatch: the poll's claim, the throttle, the long poll, the queue's reasons, the backend dispatcher."""

@@ -1,3 +1,5 @@
+"""The dispatch app's configuration."""
+
 from django.apps import AppConfig
 
 

@@ -1,4 +1,4 @@
-"""The poll's claim (docs/design.md §5; docs/design.md, \"Phase 1: Poll").
+"""The poll's claim (docs/design.md §5, "Phase 1: Poll").
 
 One SQL statement does the whole claim: lock the group row, check drain and
 capacity, find the org's selectors the group can serve, probe the pending-run
@@ -45,7 +45,7 @@ microseconds of the claim; polls of different groups never wait on each other.
 Run rows are never waited on: SKIP LOCKED passes over a run another poll is
 claiming.
 
-The throttle (docs/design.md, \"Per-org runs/hour throttle"): once the statement has
+The throttle (docs/design.md, "Per-org runs/hour throttle"): once the statement has
 won a run, and before commit, one token of the org's budget is spent
 (``gantry.dispatch.throttle``). After the claim, not before, so polls that lost
 the race never spend one: the budget counts runs dispatched, not polls. The

@@ -1,4 +1,4 @@
-"""The backend dispatcher: Gantry's own poll for github_actions groups (docs/design.md, \"Per-org runs/hour
+"""The backend dispatcher: Gantry's own poll for github_actions groups (docs/design.md, "Per-org runs/hour
 throttle", "Cross-org fairness", "One Runner Per Run"; docs/github-actions.md).
 
 A tick:

@@ -1,4 +1,4 @@
-"""The per-org dispatch budget: a token bucket in Redis (docs/design.md §5; docs/design.md, \"Per-org runs/hour throttle").
+"""The per-org dispatch budget: a token bucket in Redis (docs/design.md §5, "Per-org runs/hour throttle").
 
 Each org has one bucket, a Redis hash ``{tokens, ts}`` under
 ``gantry:bucket:org:<id>``. It refills at the org's ``runs_per_hour_limit``

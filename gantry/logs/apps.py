@@ -1,3 +1,5 @@
+"""The logs app's configuration."""
+
 from django.apps import AppConfig
 
 

@@ -1,0 +1,1 @@
+"""The failure-window reapers (docs/reapers.md)."""

@@ -1,3 +1,5 @@
+"""The reapers app's configuration."""
+
 from django.apps import AppConfig
 
 

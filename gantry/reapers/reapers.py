@@ -1,4 +1,4 @@
-"""The failure-window reapers (docs/design.md §6; docs/design.md, \"Failure Windows", "Reaping the runner row").
+"""The failure-window reapers (docs/design.md §6, "Failure Windows", "Reaping the runner row").
 
 Each reaper is a function of ``now`` that answers what it did. Celery beat
 runs them every ``GANTRY_REAPER_INTERVAL`` seconds (``gantry.reapers.tasks``);
@@ -298,7 +298,7 @@ def cancellation_backstop(*, now: datetime, batch_size: int = BATCH_SIZE, max_ro
     """Never-started runs stuck in requested_cancellation, lease lapsed → cancelled, lane promoted.
 
     No service creates this state any more; a run already in it would hold its
-    stack's lane for ever (docs/design.md, \"a backstop, not a routine window").
+    stack's lane for ever (docs/design.md §6: a backstop, not a routine window).
     """
     with _Sweep("cancellation_backstop", now) as sweep:
         for run_id in _due(_CANCELLATION_BACKSTOP_SQL, {"now": now}, batch_size=batch_size, max_rows=max_rows):

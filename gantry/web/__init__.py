@@ -1,0 +1,1 @@
+"""The pages (queue, runs, runner groups, login), the ops endpoints and request middleware."""

@@ -1,3 +1,5 @@
+"""The web app's configuration."""
+
 from django.apps import AppConfig
 
 

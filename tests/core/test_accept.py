@@ -1,4 +1,4 @@
-"""run_assign and run_accept, and every refusal of accept (docs/design.md, \"When the accept response never
+"""run_assign and run_accept, and every refusal of accept (docs/design.md, "When the accept response never
 arrives", "When the run is already terminal at accept")."""
 
 from __future__ import annotations

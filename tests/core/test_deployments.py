@@ -39,7 +39,7 @@ def test_it_skips_a_deployment_whose_holder_never_started(stack: Stack, group: R
     assert run.status == RunStatus.DISCARDED
     assert run.finished_at == at(20)
     assert event_kinds(run)[-1] == "skipped"
-    # SkipDeployment leaves the runner pointer in place (docs/design.md, \"One Runner Per Run\"); the lease is gone.
+    # SkipDeployment leaves the runner pointer in place (docs/design.md, "One Runner Per Run\"); the lease is gone.
     assert run.assigned_runner_id == (d.runner.id if d.runner else None)
     assert run.assigned_expires_at is None
     assert reload(nxt).status == RunStatus.PENDING

@@ -1,4 +1,4 @@
-"""The poll's claim (docs/design.md §5; docs/design.md, \"Phase 1: Poll", "Selector Matching", "One Runner Per Run").
+"""The poll's claim (docs/design.md §5, "Phase 1: Poll", "Selector Matching", "One Runner Per Run").
 
 Every test goes through ``gantry.dispatch.claim.claim`` and ``gantry.core.services``
 with explicit times, so ordering never depends on the wall clock.

@@ -1,4 +1,4 @@
-"""The long poll over real HTTP (docs/design.md §5 "Long poll"; docs/design.md, \"Phase 1: Poll").
+"""The long poll over real HTTP (docs/design.md §5, "Long poll", "Phase 1: Poll").
 
 Requests go to pytest-django's ``live_server`` (a threaded server in this
 process) with the stdlib ``http.client``. A poll is started in a thread; the

@@ -1,4 +1,4 @@
-"""The dispatcher and the per-org budget and cap (docs/design.md, \"Per-org runs/hour throttle", "Cross-org fairness").
+"""The dispatcher and the per-org budget and cap (docs/design.md, "Per-org runs/hour throttle", "Cross-org fairness").
 
 Claims are counted two ways: the dispatcher's own per-org attempts
 (``TickResult.claims``) and ``gantry_org_run_dispatch_total{outcome}``,

@@ -1,4 +1,4 @@
-"""The dispatcher's metrics, at /metrics (docs/design.md, \"Cross-org fairness"): recorded after each tick,
+"""The dispatcher's metrics, at /metrics (docs/design.md, "Cross-org fairness"): recorded after each tick,
 over only the candidates the tick could serve."""
 
 from __future__ import annotations

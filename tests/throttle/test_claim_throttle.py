@@ -1,4 +1,4 @@
-"""The throttle on the claim (docs/design.md, \"Per-org runs/hour throttle"; docs/design.md §5 Throttle).
+"""The throttle on the claim (docs/design.md, "Per-org runs/hour throttle").
 
 Polls go over HTTP as a coordinator's would, against the test PostgreSQL and
 Redis; nothing of Gantry's is replaced.

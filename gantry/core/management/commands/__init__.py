@@ -1,0 +1,1 @@
+"""``manage.py demo_setup``, ``error_codes``, ``rotate_secrets``."""

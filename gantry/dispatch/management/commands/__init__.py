@@ -1,0 +1,1 @@
+"""``manage.py dispatch --once`` and ``manage.py dispatcher``."""
