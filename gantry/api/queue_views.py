@@ -60,7 +60,14 @@ class QueueReasonSerializer(serializers.Serializer):
     group_ids = serializers.ListField(
         child=serializers.IntegerField(),
         required=False,
-        help_text="groups_drained, groups_at_capacity, no_runner_polling, dispatchable: the groups concerned.",
+        help_text="groups_drained, org_in_flight_cap, groups_at_capacity, no_runner_polling, dispatchable: "
+        "the groups concerned.",
+    )
+    in_flight = serializers.IntegerField(
+        required=False, help_text="org_in_flight_cap: the org's runs in flight on its GitHub Actions groups."
+    )
+    cap = serializers.IntegerField(
+        required=False, help_text="org_in_flight_cap: its cap (max_in_flight, else GANTRY_DISPATCH_MAX_PER_ORG)."
     )
     until = serializers.DateTimeField(
         required=False, allow_null=True, help_text="org_throttled: the next slot (null: rate 0, never)."

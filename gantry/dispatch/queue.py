@@ -41,8 +41,9 @@ from django.db import connection
 
 from gantry import conf
 from gantry.core.errors import InvalidRequest
-from gantry.core.models import LANE_HOLDERS, WAITING, Organization, RunnerStatus, RunStatus
+from gantry.core.models import LANE_HOLDERS, WAITING, GroupKind, Organization, RunnerStatus, RunStatus
 from gantry.dispatch import throttle
+from gantry.dispatch.candidates import InFlight, org_in_flight
 
 PAGE_DEFAULT = 100
 PAGE_MAX = 500
@@ -113,6 +114,11 @@ class OrgFacts:
             stamp=self.org.dispatch_throttled_until,
             now=self.now,
         )
+
+    @cached_property
+    def in_flight(self) -> InFlight:
+        """The org's github_actions runners and its cap (one statement, only if a rung asks)."""
+        return org_in_flight(self.org.id)
 
     def matching(self, selector_id: int) -> list[GroupFacts]:
         return [g for g in self.groups if selector_id in g.selector_ids]
@@ -266,6 +272,23 @@ def org_throttled(s: Situation) -> Reason | None:
     return {"detail": detail, "until": _iso(until)}
 
 
+def org_in_flight_cap(s: Situation) -> Reason | None:
+    # The backend dispatcher serves github_actions groups only up to the org's
+    # in-flight cap; a self-hosted group among the matching ones is not held by it.
+    if not s.undrained or any(g.kind != GroupKind.GITHUB_ACTIONS for g in s.undrained):
+        return None
+    flight = s.org.in_flight
+    if flight.count < flight.cap:
+        return None
+    return {
+        "detail": f"The org has {flight.count} runs in flight on its GitHub Actions groups, its cap "
+        f"({flight.cap}: max_in_flight, else GANTRY_DISPATCH_MAX_PER_ORG); the next goes when one ends.",
+        "in_flight": flight.count,
+        "cap": flight.cap,
+        "group_ids": [g.id for g in s.undrained],
+    }
+
+
 def groups_at_capacity(s: Situation) -> Reason | None:
     if s.with_free_slots:
         return None
@@ -307,6 +330,7 @@ LADDER: list[tuple[str, Rung]] = [
     ("no_matching_group", no_matching_group),
     ("groups_drained", groups_drained),
     ("org_throttled", org_throttled),
+    ("org_in_flight_cap", org_in_flight_cap),
     ("groups_at_capacity", groups_at_capacity),
     ("no_runner_polling", no_runner_polling),
     ("dispatchable", dispatchable),

@@ -28,7 +28,7 @@ from gantry import conf
 from gantry.api.auth import member_role
 from gantry.core import services
 from gantry.core.errors import GantryError
-from gantry.core.models import EXECUTING, NEVER_STARTED, TERMINAL, Organization, Role, Run, RunnerGroup
+from gantry.core.models import EXECUTING, NEVER_STARTED, TERMINAL, Organization, Role, Run, Runner, RunnerGroup
 from gantry.core.services.deployments import RETRYABLE
 from gantry.dispatch import queue
 
@@ -155,12 +155,19 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
     )
     newest = attempts[-1].id == run.id if attempts else True
     reason = queue.reason_of_run(org=run.organization, run_id=run.id, now=timezone.now())
+    # The runner it is bound to, while that row exists: its group, and a dispatched workflow run's link.
+    runner = (
+        Runner.objects.select_related("runner_group").filter(id=run.assigned_runner_id).first()
+        if run.assigned_runner_id
+        else None
+    )
     return {
         **_nav(request, run.organization, role, "run"),
         "run": run,
         "events": events,
         "attempts": attempts,
         "reason": reason,
+        "runner": runner,
         "terminal": run.status in TERMINAL,
         # Buttons as the run's state allows; the services decide again when pressed.
         "can_cancel": run.status not in TERMINAL,

@@ -12,7 +12,8 @@ from rest_framework.test import APIClient
 from gantry import conf
 from gantry.core import services
 from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus, Stack
-from gantry.dispatch import queue
+from gantry.dispatch import queue, throttle
+from gantry.dispatch.claim import claim as dispatch_claim
 from tests.dispatch.helpers import deploy, make_group, make_stack
 from tests.queue.helpers import poll, reason_of, spend_budget
 
@@ -27,6 +28,7 @@ def test_the_codes_are_the_documented_ladder() -> None:
         "no_matching_group",
         "groups_drained",
         "org_throttled",
+        "org_in_flight_cap",
         "groups_at_capacity",
         "no_runner_polling",
         "dispatchable",
@@ -168,6 +170,89 @@ def test_groups_at_capacity(teammate_api: APIClient, acme: Organization, stack: 
     assert reason["group_ids"] == [small.id]
     assert "small 1/1" in reason["detail"]
     assert poll(small) is None
+
+
+def _github_group(org: Organization, name: str, **fields: object) -> RunnerGroup:
+    group, _token = services.runner_group_create(
+        org=org,
+        name=name,
+        kind="github_actions",
+        labels={"os": "linux"},
+        github_owner="acme-inc",
+        github_repo="deploys",
+        github_workflow="gantry-runner.yml",
+        github_ref="main",
+        **fields,
+    )
+    return group
+
+
+def test_org_in_flight_cap(teammate_api: APIClient, acme: Organization, stack: Stack) -> None:
+    """The backend dispatcher's cap: the org already has max_in_flight runs out on its GitHub groups."""
+    Organization.objects.filter(id=acme.id).update(max_in_flight=1)
+    actions = _github_group(acme, "actions")
+    first = deploy(make_stack(acme, "first", {"os": "linux"}))
+    assert dispatch_claim(group=actions) is not None  # the dispatcher's claim: one run in flight
+    assert Run.objects.get(id=first.id).status == RunStatus.ASSIGNED
+    run = deploy(stack)
+
+    reason = reason_of(teammate_api, run)
+
+    assert reason["code"] == "org_in_flight_cap"
+    assert (reason["in_flight"], reason["cap"], reason["group_ids"]) == (1, 1, [actions.id])
+    assert "cap" in reason["detail"]
+
+
+def test_a_dispatched_runs_page_names_its_github_group_and_links_its_workflow_run(
+    acme: Organization, owner: object, stack: Stack
+) -> None:
+    from django.test import Client
+
+    actions = _github_group(acme, "actions")
+    run = deploy(stack)
+    got = dispatch_claim(group=actions)
+    assert got is not None
+    url = "https://github.com/acme-inc/deploys/actions/runs/987654"
+    services.github_runner_dispatched(
+        runner_id=got.runner_id, workflow_path=".github/workflows/gantry-runner.yml", workflow_run_id=987654,
+        workflow_run_url=url,
+    )  # fmt: skip
+    browser = Client()
+    browser.login(username="owner", password="pw-owner")
+
+    page = browser.get(f"/runs/{run.id}").content.decode()
+
+    assert "actions</strong> (github_actions)" in page
+    assert f'href="{url}"' in page
+    assert "workflow run 987654" in page
+
+
+def test_the_in_flight_cap_does_not_hold_a_run_a_self_hosted_group_can_take(
+    teammate_api: APIClient, acme: Organization, stack: Stack, group: RunnerGroup
+) -> None:
+    Organization.objects.filter(id=acme.id).update(max_in_flight=1)
+    actions = _github_group(acme, "actions")
+    deploy(make_stack(acme, "first", {"os": "linux"}))
+    assert dispatch_claim(group=actions) is not None
+    run = deploy(stack)
+    poll(group)  # the self-hosted coordinator is online (and finds nothing more: its poll took no run)
+
+    assert reason_of(teammate_api, run)["code"] != "org_in_flight_cap"
+
+
+def test_throttled_comes_before_the_in_flight_cap_and_the_cap_before_capacity(
+    teammate_api: APIClient, acme: Organization, stack: Stack
+) -> None:
+    Organization.objects.filter(id=acme.id).update(max_in_flight=1)
+    actions = _github_group(acme, "actions", max_concurrent_runs=1)  # at the cap *and* full
+    deploy(make_stack(acme, "first", {"os": "linux"}))
+    assert dispatch_claim(group=actions) is not None
+    run = deploy(stack)
+    assert reason_of(teammate_api, run)["code"] == "org_in_flight_cap"
+    # The claim above spent one token of the budget: spend what is left.
+    while throttle.take(organization_id=acme.id, rate=acme.runs_per_hour_limit).allowed:
+        pass
+    assert reason_of(teammate_api, run)["code"] == "org_throttled"
 
 
 def test_no_runner_polling_for_a_group_that_never_polled(
