@@ -252,6 +252,14 @@ def _sources(run: Run, index: ChunkIndex) -> _Sources:
         lost = "lost" in manifest or "flushed_chunk" in manifest
         return _Sources(count=int(manifest["count"]), expected=list(manifest["sha256"]), lost=lost)
     record = live.get(run.id)
+    if record is None and run.status in TERMINAL:
+        # The flush may have recorded the manifest and dropped the live record
+        # between the read of ``run`` and this one: read the manifest again, or
+        # a lost runner's log would read as whole.
+        fresh = Run.objects.filter(id=run.id).values_list("log_manifest", flat=True).first()
+        if fresh is not None:
+            run.log_manifest = fresh
+            return _sources(run, index)
     count = record.sealed_chunks if record is not None else index.present_count()
     # A live record outlives its run only when the runner never reached /done
     # (which deletes it): lost, even before the flush has recorded the loss.
