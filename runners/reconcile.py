@@ -35,6 +35,7 @@ from typing import Any
 from launchers.base import Launcher, LaunchError, WorkerHandle
 from runners.client import ApiError, Backoff, GantryClient, RetryPolicy
 from runners.logsetup import event
+from runners.protocol import TERMINAL_STATUSES
 
 log = logging.getLogger("gantry.coordinator")
 
@@ -49,6 +50,11 @@ MAX_KEPT_EXITS = 5000
 # terminate() waits the runner's own grace (it stops its step in that time and
 # reports) plus this, before it forces the worker.
 STOP_MARGIN = 5.0
+# A worker whose runner row is gone while its run is terminal has, nearly
+# always, just deregistered and is exiting on its own: it gets this long to do
+# so before it is stopped, so its own exit code is the one reaped.
+EXIT_GRACE = 3.0
+EXIT_POLL = 0.1
 
 
 def describe(handle: WorkerHandle) -> str:
@@ -254,7 +260,9 @@ class Reconciler:
         with self._lock:
             if run_id in self._stoppers:
                 return
-            thread = threading.Thread(target=self._terminate, args=(handle,), name=f"stop-{run_id}", daemon=True)
+            finishing = order.get("reason") == "runner_gone" and order.get("run_status") in TERMINAL_STATUSES
+            thread = threading.Thread(target=self._terminate, args=(handle, finishing), name=f"stop-{run_id}",
+                                      daemon=True)  # fmt: skip
             self._stoppers[run_id] = thread
         self.stops += 1
         event(log, "worker.stopping", "stopping %s for run %s: %s (run %s)", describe(handle), run_id,
@@ -262,8 +270,10 @@ class Reconciler:
               worker=handle.ident, reason=order.get("reason"), run_status=order.get("run_status"))  # fmt: skip
         thread.start()
 
-    def _terminate(self, handle: WorkerHandle) -> None:
+    def _terminate(self, handle: WorkerHandle, finishing: bool = False) -> None:
         try:
+            if finishing and self._exits_by_itself(handle):
+                return
             self.launcher.terminate(handle, grace=self.stop_grace + STOP_MARGIN)
         except Exception:
             log.exception("launcher error while stopping a worker",
@@ -272,6 +282,17 @@ class Reconciler:
             with self._lock:
                 self._stoppers.pop(handle.run_id, None)
             self.wake()  # reap it now
+
+    def _exits_by_itself(self, handle: WorkerHandle) -> bool:
+        deadline = time.monotonic() + EXIT_GRACE
+        while time.monotonic() < deadline and not self._stopped.is_set():
+            try:
+                if not self.launcher.is_alive(handle):
+                    return True
+            except Exception:
+                return False  # the launcher cannot tell: stop it the ordinary way
+            time.sleep(EXIT_POLL)
+        return False
 
     def _is_stopping(self, run_id: str) -> bool:
         with self._lock:
