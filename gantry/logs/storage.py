@@ -16,9 +16,11 @@ from __future__ import annotations
 import base64
 import functools
 import os
+import shutil
 import tempfile
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,6 +35,8 @@ from gantry import embedded
 from gantry.logs.limits import UPLOAD_URL_TTL
 
 UPLOAD_SALT = "gantry.logs.upload"
+# Keys per S3 DeleteObjects request (the API's maximum).
+S3_DELETE_BATCH = 1000
 
 
 def chunk_key(run_id: uuid.UUID, n: int) -> str:
@@ -66,6 +70,13 @@ class LogStorage(ABC):
     @abstractmethod
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
         """A URL the runner PUTs chunk ``n`` to; only a body of ``size`` bytes hashing to ``sha256`` is kept."""
+
+    @abstractmethod
+    def delete_runs(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Exception]:
+        """Delete every stored chunk of these runs (retention); answers the runs whose delete failed, with why.
+
+        Idempotent: a run with nothing stored (or already deleted) succeeds.
+        """
 
 
 # ---------------------------------------------------------------- local folder
@@ -118,6 +129,17 @@ class LocalStorage(LogStorage):
 
     def exists(self, run_id: uuid.UUID, n: int) -> bool:
         return self.path(run_id, n).is_file()
+
+    def delete_runs(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Exception]:
+        failed: dict[uuid.UUID, Exception] = {}
+        for run_id in run_ids:
+            try:
+                shutil.rmtree(self.root / "runs" / str(run_id))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                failed[run_id] = exc
+        return failed
 
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
         token = signing.dumps({"r": str(run_id), "n": n, "h": sha256, "z": size}, salt=UPLOAD_SALT, compress=False)
@@ -190,6 +212,35 @@ class S3Storage(LogStorage):
                 return False
             raise
         return True
+
+    def delete_runs(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Exception]:
+        """One LIST per run (a lost runner may have stored chunks its manifest does not name), then
+        DeleteObjects in batches of up to 1,000 keys; a key S3 reports as not deleted fails its run."""
+        failed: dict[uuid.UUID, Exception] = {}
+        keys: list[tuple[str, uuid.UUID]] = []
+        for run_id in run_ids:
+            try:
+                pages = self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=f"{self.prefix}runs/{run_id}/"
+                )
+                keys.extend((item["Key"], run_id) for page in pages for item in page.get("Contents", ()))
+            except Exception as exc:
+                failed[run_id] = exc
+        owner = dict(keys)
+        for start in range(0, len(keys), S3_DELETE_BATCH):
+            batch = keys[start : start + S3_DELETE_BATCH]
+            try:
+                answer = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key, _ in batch], "Quiet": True}
+                )
+            except Exception as exc:
+                for _, run_id in batch:
+                    failed[run_id] = exc
+                continue
+            for error in answer.get("Errors", ()):
+                run_id = owner[error["Key"]]
+                failed[run_id] = OSError(f"S3 did not delete {error['Key']}: {error.get('Code')} {error.get('Message')}")
+        return failed
 
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
         checksum = base64.b64encode(bytes.fromhex(sha256)).decode()

@@ -12,7 +12,6 @@ from gantry.core import services
 from gantry.core.models import Runner, RunnerGroup, RunStatus, Stack
 from tests.admin.helpers import messages_of, url
 
-from .conftest import FlushRecorder
 from .helpers import accepted, reload
 
 
@@ -30,7 +29,7 @@ def _force_delete(client: Client, *runner_ids: object) -> list[str]:
 
 
 def test_it_force_deletes_offline_runners_and_names_each_refusal(
-    owner: User, stack: Stack, group: RunnerGroup, flushed: FlushRecorder
+    owner: User, stack: Stack, group: RunnerGroup
 ) -> None:
     now = timezone.now()
     lost_run, lost = accepted(stack, group, now - timedelta(minutes=30))
