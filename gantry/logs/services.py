@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,9 @@ from gantry.logs.reader import ChunkIndex, gunzip
 from gantry.logs.storage import LocalStorage, LogStorage, PresignedPut, UploadGrant, get_storage
 
 log = logging.getLogger("gantry.logs")
+
+# Storage writes a batch flush runs at once (see flush_live_logs).
+FLUSH_THREADS = 16
 
 
 def _held(run_id: uuid.UUID, runner_id: uuid.UUID) -> bool:
@@ -173,24 +177,36 @@ def flush_live_logs(run_ids: list[uuid.UUID]) -> Flushed:
             result.failed[run_id] = exc
         wanted, records = [], {}
     storage = get_storage() if wanted else None
-    manifests: dict[uuid.UUID, dict[str, Any]] = {}
-    for run_id in wanted:
+
+    def manifest_of(run_id: uuid.UUID) -> dict[str, Any] | None:
         record = records.get(run_id)
-        try:
-            if record is None:
-                if rows[run_id][2]:  # started: the runner was lost before its first push, or Redis lost the record
-                    assert storage is not None
-                    manifests[run_id] = _lost_manifest(run_id, storage)
-                continue  # never started: no output, nothing lost
-            manifests[run_id] = _final_manifest(run_id, record, storage)
-        except Exception as exc:
-            result.failed[run_id] = exc
+        assert storage is not None
+        if record is None:
+            # Started: the runner was lost before its first push, or Redis lost the record.
+            # Never started: no output, nothing lost.
+            return _lost_manifest(run_id, storage) if rows[run_id][2] else None
+        return _final_manifest(run_id, record, storage)
+
+    manifests: dict[uuid.UUID, dict[str, Any]] = {}
+    # Storage round trips (an S3 PUT, a local write and its fsync) overlap in a
+    # few threads: one after the other they would be most of a big sweep's time.
+    # The threads touch storage and Redis only, never the database.
+    with ThreadPoolExecutor(max_workers=min(FLUSH_THREADS, max(1, len(wanted)))) as pool:
+        futures = {run_id: pool.submit(manifest_of, run_id) for run_id in wanted}
+    for run_id, future in futures.items():
+        exc = future.exception()
+        if exc is not None:
+            result.failed[run_id] = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
             log.warning(
                 "live-log flush of run %s failed; its record is kept for a retry",
                 run_id,
-                exc_info=True,
+                exc_info=exc,
                 extra={"event": "logs.flush_failed", "run_id": str(run_id)},
             )
+            continue
+        manifest = future.result()
+        if manifest is not None:
+            manifests[run_id] = manifest
     if manifests:
         ids = list(manifests)
         with connection.cursor() as cur:
