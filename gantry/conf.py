@@ -83,7 +83,7 @@ def get() -> GantryConf:
         log_max_bytes=envint("GANTRY_LOG_MAX_BYTES", 256 * 1024 * 1024, minimum=1024),
         poll_max_wait=envint("GANTRY_POLL_MAX_WAIT", 30, minimum=0, maximum=30),
         poll_stale_after=envint("GANTRY_POLL_STALE_AFTER", 60, minimum=1),
-        # At most a century: the cut-off (now − days) must stay a valid date.
+        # At most a century: the cut-off (now - days) must stay a valid date.
         retention_days=envint("GANTRY_RETENTION_DAYS", 30, minimum=0, maximum=36_500),
         retention_batch_size=envint("GANTRY_RETENTION_BATCH_SIZE", 500, minimum=1, maximum=10_000),
         retention_max_rows=envint("GANTRY_RETENTION_MAX_ROWS", 10_000, minimum=1, maximum=1_000_000),

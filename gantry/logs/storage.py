@@ -239,7 +239,9 @@ class S3Storage(LogStorage):
                 continue
             for error in answer.get("Errors", ()):
                 run_id = owner[error["Key"]]
-                failed[run_id] = OSError(f"S3 did not delete {error['Key']}: {error.get('Code')} {error.get('Message')}")
+                failed[run_id] = OSError(
+                    f"S3 did not delete {error['Key']}: {error.get('Code')} {error.get('Message')}"
+                )
         return failed
 
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:

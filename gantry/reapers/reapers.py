@@ -325,7 +325,9 @@ ORDER BY assigned_runner_id, started_at DESC
 """
 
 # Deregister's own statement (``services.runner_deregister``) for a batch.
-_DELETE_RUNNERS_SQL = f"DELETE FROM runner r WHERE r.id = ANY(%(ids)s::uuid[]) AND NOT {holds_run_sql('r.id')} RETURNING r.id"
+_DELETE_RUNNERS_SQL = (
+    f"DELETE FROM runner r WHERE r.id = ANY(%(ids)s::uuid[]) AND NOT {holds_run_sql('r.id')} RETURNING r.id"
+)
 
 
 def _reap_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: datetime, now: datetime) -> None:

@@ -119,7 +119,12 @@ def _save_cursor(after: tuple[datetime, uuid.UUID] | None) -> None:
 
 
 def sweep(
-    counts: Counter[str], batch: Batch[Any], *, now: datetime, batch_size: int | None = None, max_rows: int | None = None
+    counts: Counter[str],
+    batch: Batch[Any],
+    *,
+    now: datetime,
+    batch_size: int | None = None,
+    max_rows: int | None = None,
 ) -> None:
     """One tick: purge what earlier ticks left, then delete the next runs past retention (``reapers.retention``)."""
     cfg = conf.get()

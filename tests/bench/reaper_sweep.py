@@ -386,11 +386,15 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             r = lost_tick(size, args.lost)
             c = r["counts"]
-            print(f"\n{r['size']:,} runs, {r['lost']:,} runners lost at once: one tick in {r['seconds']:.2f} s "
-                  f"({r['seconds'] * 1000 / r['lost']:.3f} ms per lost runner)")
-            print(f"  runner_lost={c.get('runner_lost', 0):,} runner_deleted={c.get('runner_deleted', 0):,} "
-                  f"skipped={c.get('skipped', 0)} flush_failed={c.get('flush_failed', 0)} error={c.get('error', 0)}; "
-                  f"logs flushed {r['flushed']:,}, lanes promoted {r['promoted']:,}, lost runners left {r['busy_left']}")
+            print(
+                f"\n{r['size']:,} runs, {r['lost']:,} runners lost at once: one tick in {r['seconds']:.2f} s "
+                f"({r['seconds'] * 1000 / r['lost']:.3f} ms per lost runner)"
+            )
+            print(
+                f"  runner_lost={c.get('runner_lost', 0):,} runner_deleted={c.get('runner_deleted', 0):,} "
+                f"skipped={c.get('skipped', 0)} flush_failed={c.get('flush_failed', 0)} error={c.get('error', 0)}; "
+                f"logs flushed {r['flushed']:,}, lanes promoted {r['promoted']:,}, lost runners left {r['busy_left']}"
+            )
             ok = r["busy_left"] == 0 and c.get("runner_lost") == r["lost"] and r["seconds"] < 15
             print(f"  target: all cleared in one tick of < 15 s: {'PASS' if ok else 'FAIL'}")  # fmt: skip
         return 0

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         per = f"{r.seconds * 1000 / deleted:10.3f}" if deleted else "         -"
         print(f"{len(ticks):>4} {r.seconds:8.2f} {deleted:>9,} {r.counts['event_deleted']:>10,} "
               f"{r.counts['log_purged']:>11,} {per}", flush=True)  # fmt: skip
-        if not deleted and len(ticks) > 1 or len(ticks) > 1000:
+        if (not deleted and len(ticks) > 1) or len(ticks) > 1000:
             break
     total_deleted = sum(t.counts["run_deleted"] for t in ticks)
     worst = max(t.seconds for t in ticks)

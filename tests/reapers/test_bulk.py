@@ -29,8 +29,7 @@ N = 12
 
 def _stacks(stack: Stack, n: int = N) -> list[Stack]:
     return [
-        services.stack_create(org=stack.organization, name=f"lane{i}", labels=stack.labels, spec=SPEC)
-        for i in range(n)
+        services.stack_create(org=stack.organization, name=f"lane{i}", labels=stack.labels, spec=SPEC) for i in range(n)
     ]
 
 
@@ -136,7 +135,8 @@ def test_it_reaps_many_lost_runners_over_several_batches_flushing_every_log(
         assert event_kinds(run)[-1] == "runner_lost"
         assert reload(nxt).status == RunStatus.PENDING
         manifest = log_manifest(run)
-        assert manifest is not None and manifest["count"] == 1
+        assert manifest is not None
+        assert manifest["count"] == 1
         assert live.get(run.id) is None
     assert RunnerGroup.objects.values_list("runner_count", flat=True).get(id=wide_group.id) == 0
 
@@ -154,4 +154,5 @@ def test_a_runner_that_polled_since_the_selection_is_spared(
     assert (result.counts["runner_lost"], result.counts["runner_deleted"], result.counts["skipped"]) == (1, 1, 1)
     assert reload(dead_run).status == RunStatus.FAILURE
     assert reload(alive_run).status == RunStatus.RUNNING
-    assert Runner.objects.filter(id=alive).exists() and not Runner.objects.filter(id=dead).exists()
+    assert Runner.objects.filter(id=alive).exists()
+    assert not Runner.objects.filter(id=dead).exists()

@@ -24,11 +24,10 @@ from django.db import connection
 
 from gantry.core import services
 from gantry.core.models import Organization, Run, RunEvent, Runner, RunnerGroup, Stack
+from gantry.logs import live
 from gantry.reapers import reapers
 from gantry.reapers.reapers import SweepResult
 from tests.conftest import SPEC
-
-from gantry.logs import live
 
 from .helpers import T0, accepted, after, at, claim_at, deploy, log_manifest, stuck_in_requested_cancellation
 
@@ -184,7 +183,9 @@ def test_it_reaps_each_inactive_runner_once(org: Organization, big_group: Runner
     assert not Runner.objects.exists()
     for run, _ in lost:  # each live log flushed once, as chunk 2 of 3
         manifest = log_manifest(run)
-        assert manifest is not None and manifest["count"] == 3 and manifest["flushed_chunk"] == 2
+        assert manifest is not None
+        assert manifest["count"] == 3
+        assert manifest["flushed_chunk"] == 2
         assert manifest["sha256"][2] is not None  # the race's loser found the key taken and recorded nothing
         assert live.get(run.id) is None
     assert RunnerGroup.objects.values_list("runner_count", flat=True).get(id=big_group.id) == 0

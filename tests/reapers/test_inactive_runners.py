@@ -168,7 +168,9 @@ def test_it_keeps_the_runner_and_the_live_log_for_the_next_sweep_when_the_flush_
 
     assert (second.counts["runner_lost"], second.counts["runner_deleted"]) == (0, 1)
     manifest = log_manifest(run)
-    assert manifest is not None and manifest["count"] == 1 and manifest["flushed_chunk"] == 0
+    assert manifest is not None
+    assert manifest["count"] == 1
+    assert manifest["flushed_chunk"] == 0
     assert gzip.decompress((log_dir / f"runs/{run.id}/chunks/00000000.gz").read_bytes()) == b"last words"
     assert live.get(run.id) is None
     assert event_kinds(run).count("runner_lost") == 1

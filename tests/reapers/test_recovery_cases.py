@@ -75,9 +75,7 @@ def test_it_heals_a_worker_that_signals_ready_then_dies(stack: Stack, group: Run
     assert after(T0, "stub_cutoff", 2) < after(T0, "runner_execution_timeout")
 
 
-def test_it_heals_a_runner_that_accepts_and_goes_silent(
-    stack: Stack, group: RunnerGroup
-) -> None:
+def test_it_heals_a_runner_that_accepts_and_goes_silent(stack: Stack, group: RunnerGroup) -> None:
     run, runner_id = accepted(stack, group, T0)
     queued = deploy(stack, now=at(2))
     last_poll = at(120)

@@ -52,7 +52,9 @@ def _started_and_failed(stack: Stack, group: RunnerGroup, when: datetime) -> Run
     get_storage().put(run.id, 0, gzip.compress(b"old output"))
     live.store(run.id, chunk_index=1, sealed_chunks=1, data=gzip.compress(b"old tail"))
     redis_client().hset(INDEX_KEY.format(run_id=run.id), "0", "x")
-    services.run_finish(run_id=run.id, outcome="failure", exit_code=1, runner_id=runner_id, now=when + timedelta(minutes=1))
+    services.run_finish(
+        run_id=run.id, outcome="failure", exit_code=1, runner_id=runner_id, now=when + timedelta(minutes=1)
+    )
     services.runner_deregister(runner_id=runner_id, now=when + timedelta(minutes=1))
     return Run.objects.get(id=run.id)
 
