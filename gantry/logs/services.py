@@ -194,13 +194,13 @@ def flush_live_logs(run_ids: list[uuid.UUID]) -> Flushed:
     with ThreadPoolExecutor(max_workers=min(FLUSH_THREADS, max(1, len(wanted)))) as pool:
         futures = {run_id: pool.submit(manifest_of, run_id) for run_id in wanted}
     for run_id, future in futures.items():
-        exc = future.exception()
-        if exc is not None:
-            result.failed[run_id] = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+        error = future.exception()
+        if error is not None:
+            result.failed[run_id] = error if isinstance(error, Exception) else RuntimeError(str(error))
             log.warning(
                 "live-log flush of run %s failed; its record is kept for a retry",
                 run_id,
-                exc_info=exc,
+                exc_info=error,
                 extra={"event": "logs.flush_failed", "run_id": str(run_id)},
             )
             continue

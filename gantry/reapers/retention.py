@@ -37,6 +37,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -143,7 +144,7 @@ def sweep(
         examined += len(rows)
         if rows:
             ids = [row_id for _, row_id in rows]
-            if batch(lambda ids=ids: _delete(ids, counts, cutoff=cutoff, now=now)) is None:
+            if batch(partial(_delete, ids, counts, cutoff=cutoff, now=now)) is None:
                 break  # an error: the cursor stays, the next tick retries this batch
             after = rows[-1]
         if len(rows) < limit:
@@ -179,7 +180,7 @@ def purge_pending(counts: Counter[str], batch: Batch[Any], *, batch_size: int, m
             ids = [row[0] for row in cur.fetchall()]
         if not ids:
             return
-        outcome = batch(lambda ids=ids: _purge(ids))
+        outcome = batch(partial(_purge, ids))
         if outcome is None:
             return
         purged, failed = outcome
