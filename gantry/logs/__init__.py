@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gantry.logs.services import Flushed
+    from gantry.logs.services import Flushed, PendingFlush
 
 
 def flush_live_log(run_id: uuid.UUID) -> bool:
@@ -31,4 +31,11 @@ def flush_live_logs(run_ids: Sequence[uuid.UUID]) -> Flushed:
     return flush(list(run_ids))
 
 
-__all__ = ["flush_live_log", "flush_live_logs"]
+def start_flush(run_ids: Sequence[uuid.UUID]) -> PendingFlush:
+    """``flush_live_logs`` in two halves: the storage writes start now, ``.finish()`` records them."""
+    from gantry.logs.services import start_flush as start
+
+    return start(list(run_ids))
+
+
+__all__ = ["flush_live_log", "flush_live_logs", "start_flush"]

@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,73 +156,99 @@ def flush_live_logs(run_ids: list[uuid.UUID]) -> Flushed:
     manifest and its live record stays in Redis, so the caller retries (the
     reaper keeps the runner row until the flush succeeds). Redis being down
     fails every run that still needs its record, rather than recording a loss
-    that is not one.
+    that is not one. ``start_flush(...).finish()`` is the same in two halves,
+    so a caller can do other database work while the storage writes run.
     """
-    result = Flushed()
-    if not run_ids:
-        return result
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, status, log_manifest IS NOT NULL, started_at IS NOT NULL FROM run WHERE id = ANY(%s::uuid[])",
-            [list(run_ids)],
-        )
-        rows = {row[0]: row[1:] for row in cur.fetchall()}
-    # Gone, or storage already authoritative: only the live record is left to drop.
-    settled = [run_id for run_id in run_ids if run_id not in rows or rows[run_id][1]]
-    wanted = [run_id for run_id in run_ids if run_id in rows and rows[run_id][0] in TERMINAL and not rows[run_id][1]]
-    try:
-        records = live.get_many(wanted)
-    except (redis.RedisError, OSError) as exc:
-        for run_id in wanted:
-            result.failed[run_id] = exc
-        wanted, records = [], {}
-    storage = get_storage() if wanted else None
+    return start_flush(run_ids).finish()
 
-    def manifest_of(run_id: uuid.UUID) -> dict[str, Any] | None:
-        record = records.get(run_id)
-        assert storage is not None
-        if record is None:
-            # Started: the runner was lost before its first push, or Redis lost the record.
-            # Never started: no output, nothing lost.
-            return _lost_manifest(run_id, storage) if rows[run_id][2] else None
-        return _final_manifest(run_id, record, storage)
 
-    manifests: dict[uuid.UUID, dict[str, Any]] = {}
-    # Storage round trips (an S3 PUT, a local write and its fsync) overlap in a
-    # few threads: one after the other they would be most of a big sweep's time.
-    # The threads touch storage and Redis only, never the database.
-    with ThreadPoolExecutor(max_workers=min(FLUSH_THREADS, max(1, len(wanted)))) as pool:
-        futures = {run_id: pool.submit(manifest_of, run_id) for run_id in wanted}
-    for run_id, future in futures.items():
-        error = future.exception()
-        if error is not None:
-            result.failed[run_id] = error if isinstance(error, Exception) else RuntimeError(str(error))
-            log.warning(
-                "live-log flush of run %s failed; its record is kept for a retry",
-                run_id,
-                exc_info=error,
-                extra={"event": "logs.flush_failed", "run_id": str(run_id)},
-            )
-            continue
-        manifest = future.result()
-        if manifest is not None:
-            manifests[run_id] = manifest
-    if manifests:
-        ids = list(manifests)
+def start_flush(run_ids: list[uuid.UUID]) -> PendingFlush:
+    """Read the runs and their live records, and start their storage writes in threads; ``finish()`` ends it.
+
+    The database is read here, on the caller's connection, and written only by
+    ``finish()``: the threads touch storage and Redis, never the database.
+    """
+    return PendingFlush(run_ids)
+
+
+class PendingFlush:
+    """A batch flush whose storage writes are under way (see :func:`start_flush`)."""
+
+    def __init__(self, run_ids: list[uuid.UUID]) -> None:
+        self.result = Flushed()
+        self.futures: dict[uuid.UUID, Future[dict[str, Any] | None]] = {}
+        self.settled: list[uuid.UUID] = []
+        self.records: dict[uuid.UUID, live.LiveRecord | None] = {}
+        if not run_ids:
+            return
         with connection.cursor() as cur:
-            cur.execute(_RECORD_MANIFESTS_SQL, [ids, [json.dumps(manifests[i]) for i in ids]])
-            result.recorded = {row[0] for row in cur.fetchall()}
-    # Storage is authoritative for every run with a manifest now (ours or a racer's).
-    live.delete_many(settled + [run_id for run_id in manifests if records.get(run_id) is not None])
-    for run_id, manifest in manifests.items():
-        log.info(
-            "flushed the live log of run %s (%s)",
-            run_id,
-            "lost" if manifest.get("lost") else f"chunk {manifest.get('flushed_chunk')}",
-            extra={"event": "logs.flushed_lost" if manifest.get("lost") else "logs.flushed", "run_id": str(run_id),
-                   "chunks": manifest["count"], "recorded": run_id in result.recorded},
-        )  # fmt: skip
-    return result
+            cur.execute(
+                "SELECT id, status, log_manifest IS NOT NULL, started_at IS NOT NULL FROM run "
+                "WHERE id = ANY(%s::uuid[])",
+                [list(run_ids)],
+            )
+            rows = {row[0]: row[1:] for row in cur.fetchall()}
+        # Gone, or storage already authoritative: only the live record is left to drop.
+        self.settled = [run_id for run_id in run_ids if run_id not in rows or rows[run_id][1]]
+        wanted = [r for r in run_ids if r in rows and rows[r][0] in TERMINAL and not rows[r][1]]
+        try:
+            self.records = live.get_many(wanted)
+        except (redis.RedisError, OSError) as exc:
+            for run_id in wanted:
+                self.result.failed[run_id] = exc
+            return
+        if not wanted:
+            return
+        storage = get_storage()
+
+        def manifest_of(run_id: uuid.UUID) -> dict[str, Any] | None:
+            record = self.records.get(run_id)
+            if record is None:
+                # Started: the runner was lost before its first push, or Redis lost the record.
+                # Never started: no output, nothing lost.
+                return _lost_manifest(run_id, storage) if rows[run_id][2] else None
+            return _final_manifest(run_id, record, storage)
+
+        # Storage round trips (an S3 PUT, a local write and its fsync) overlap in
+        # a few threads: one after the other they would be most of a big sweep's time.
+        pool = ThreadPoolExecutor(max_workers=min(FLUSH_THREADS, len(wanted)), thread_name_prefix="gantry-flush")
+        self.futures = {run_id: pool.submit(manifest_of, run_id) for run_id in wanted}
+        pool.shutdown(wait=False)  # the threads end once the writes are done
+
+    def finish(self) -> Flushed:
+        """Wait for the storage writes, record the manifests (one guarded UPDATE), drop the flushed live records."""
+        result = self.result
+        manifests: dict[uuid.UUID, dict[str, Any]] = {}
+        for run_id, future in self.futures.items():
+            error = future.exception()
+            if error is not None:
+                result.failed[run_id] = error if isinstance(error, Exception) else RuntimeError(str(error))
+                log.warning(
+                    "live-log flush of run %s failed; its record is kept for a retry",
+                    run_id,
+                    exc_info=error,
+                    extra={"event": "logs.flush_failed", "run_id": str(run_id)},
+                )
+                continue
+            manifest = future.result()
+            if manifest is not None:
+                manifests[run_id] = manifest
+        if manifests:
+            ids = list(manifests)
+            with connection.cursor() as cur:
+                cur.execute(_RECORD_MANIFESTS_SQL, [ids, [json.dumps(manifests[i]) for i in ids]])
+                result.recorded = {row[0] for row in cur.fetchall()}
+        # Storage is authoritative for every run with a manifest now (ours or a racer's).
+        live.delete_many(self.settled + [run_id for run_id in manifests if self.records.get(run_id) is not None])
+        for run_id, manifest in manifests.items():
+            log.info(
+                "flushed the live log of run %s (%s)",
+                run_id,
+                "lost" if manifest.get("lost") else f"chunk {manifest.get('flushed_chunk')}",
+                extra={"event": "logs.flushed_lost" if manifest.get("lost") else "logs.flushed",
+                       "run_id": str(run_id), "chunks": manifest["count"], "recorded": run_id in result.recorded},
+            )  # fmt: skip
+        return result
 
 
 def _lost_manifest(run_id: uuid.UUID, storage: LogStorage) -> dict[str, Any]:

@@ -48,7 +48,8 @@ from gantry import conf, metrics
 from gantry.core import services
 from gantry.core.models import EXECUTING, RunStatus
 from gantry.core.services.runners import holds_run_sql
-from gantry.logs import flush_live_log, flush_live_logs
+from gantry.logs import flush_live_log, start_flush
+from gantry.logs.services import PendingFlush
 from gantry.reapers import bulk, stubs
 
 log = logging.getLogger("gantry.reapers")
@@ -297,8 +298,16 @@ def inactive_runners(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
                 break
             after = batch.last
         params = {"silent_before": silent_before}
+        # Pipelined: a batch's storage writes run while the previous batch is
+        # settled and the next one is failed, all database work on this thread.
+        pending: _LostBatch | None = None
         for ids in _due(_SILENT_RUNNERS_SQL, params, batch_size=batch_size, max_rows=max_rows):
-            sweep.batch(partial(_reap_silent_runners, sweep, ids, silent_before=silent_before, now=now))
+            started = sweep.batch(partial(_fail_silent_runners, sweep, ids, silent_before=silent_before, now=now))
+            if pending is not None:
+                sweep.batch(partial(_settle_lost, sweep, pending, now=now))
+            pending = started
+        if pending is not None:
+            sweep.batch(partial(_settle_lost, sweep, pending, now=now))
     return sweep.result
 
 
@@ -330,12 +339,22 @@ _DELETE_RUNNERS_SQL = (
 )
 
 
-def _reap_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: datetime, now: datetime) -> None:
-    """Fail the runs of a batch of silent runners, flush their live logs, delete the runners.
+@dataclass
+class _LostBatch:
+    """A batch of silent runners whose runs are failed and whose live logs are being flushed."""
+
+    # Runners done with (their run finished: failed now, or before), and the run each accepted.
+    settled: list[uuid.UUID]
+    accepted: dict[uuid.UUID, uuid.UUID]
+    flush: PendingFlush
+
+
+def _fail_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: datetime, now: datetime) -> _LostBatch:
+    """Fail the runs of a batch of silent runners (one transaction), then start flushing their live logs.
 
     Each step is re-done by the next sweep if this one stops half-way: a
     runner stays busy and silent until its row is deleted, and its row is
-    deleted only once its run's log is safely in storage.
+    deleted only once its run's log is safely in storage (:func:`_settle_lost`).
     """
     counts = sweep.result.counts
     with transaction.atomic():
@@ -362,11 +381,17 @@ def _reap_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: 
             )
     counts["runner_lost"] += len(moved)
     failed_now = {m.id for m in moved}
-    # A runner is done with once its run is finished: failed now, or before. One whose run another
-    # transaction moved (or holds) meanwhile is left for the next sweep.
+    # A runner whose run another transaction moved (or holds) meanwhile is left for the next sweep.
     settled = [r for r in seen if r not in accepted or accepted[r][1] not in EXECUTING or accepted[r][0] in failed_now]
     counts["skipped"] += len(ids) - len(settled)
-    flushed = flush_live_logs([accepted[r][0] for r in settled if r in accepted])
+    runs = {r: accepted[r][0] for r in settled if r in accepted}
+    return _LostBatch(settled=settled, accepted=runs, flush=start_flush(list(runs.values())))
+
+
+def _settle_lost(sweep: _Sweep, batch: _LostBatch, *, now: datetime) -> None:
+    """Record a batch's flushed logs, then delete its runners, except those whose flush failed (kept for a retry)."""
+    counts = sweep.result.counts
+    flushed = batch.flush.finish()
     if flushed.failed:
         counts["flush_failed"] += len(flushed.failed)
         log.warning(
@@ -374,7 +399,7 @@ def _reap_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: 
             len(flushed.failed),
             extra={"event": "reaper.flush_failed", "run_ids": [str(run) for run in flushed.failed]},
         )
-    deletable = [r for r in settled if r not in accepted or accepted[r][0] not in flushed.failed]
+    deletable = [r for r in batch.settled if batch.accepted.get(r) not in flushed.failed]
     deleted = _delete_runners(deletable, now=now)
     counts["runner_deleted"] += len(deleted)
     counts["skipped"] += len(deletable) - len(deleted)

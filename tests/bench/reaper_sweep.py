@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             swept = tick(case.now, args.batch_size)
             total = time.perf_counter() - t0
-            for name in reapers.REAPERS:
+            for name in HANDLED:
                 r = swept[name]
                 due = case.due * DUE_FIFTHS[name] // len(CATEGORIES)
                 handled = sum(r.counts[k] for k in HANDLED[name])
