@@ -10,7 +10,7 @@ How a sweep works (docs/reapers.md, "Set-based sweeps"):
    that a partial index answers (migration core/0005), so its cost follows
    the due rows, never the table. The selection takes no locks.
 2. Each batch is then moved in one transaction of a few statements
-   (``gantry.reapers.bulk``): the stacks locked in id order when lanes change
+   (``gantry.core.services.bulk``): the stacks locked in id order when lanes change
    (the services' order, stack → run), one guarded ``UPDATE … RETURNING``
    that repeats the per-row service's guard and skips rows other
    transactions hold locked, with the batch's events and deployments in the
@@ -47,10 +47,11 @@ from django.db import connection, transaction
 from gantry import conf, metrics
 from gantry.core import services
 from gantry.core.models import EXECUTING, RunStatus
+from gantry.core.services import bulk
 from gantry.core.services.runners import holds_run_sql
 from gantry.logs import flush_live_log, start_flush
 from gantry.logs.services import PendingFlush
-from gantry.reapers import bulk, stubs
+from gantry.reapers import stubs
 
 log = logging.getLogger("gantry.reapers")
 _T = TypeVar("_T")
@@ -71,10 +72,6 @@ MAX_ERRORS = 10
 
 # The keyset start: before every (deadline, id).
 _BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
-
-# Failure reasons and event details, as the per-row services write them.
-STARTUP_TIMEOUT_REASON = "no runner started the run before the startup deadline"
-CANCEL_BACKSTOP_DETAIL = {"reason": "cancellation was requested before the run started; no runner will acknowledge it"}
 
 
 @dataclass
@@ -208,16 +205,6 @@ class _Sweep:
             self.result.counts["skipped"] += len(ids) - len(moved)
 
 
-def _terminate(ids: list[uuid.UUID], *, target: str, now: datetime, **kw: Any) -> list[bulk.Moved]:
-    """End a batch of lane holders in one transaction: stacks locked, runs moved, freed lanes promoted."""
-    with transaction.atomic():
-        bulk.lock_stacks(ids)
-        moved = bulk.transition_batch(ids=ids, target=target, now=now, **kw)
-        bulk.promote_lanes((m.stack_id for m in moved), now=now)
-        transaction.on_commit(partial(bulk.record_finished, moved, status=target, now=now))
-    return moved
-
-
 def reset_expired_assignments(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: int = MAX_ROWS) -> SweepResult:
     """Assigned runs past their lease go back to pending; the lease is cleared, the runner pointer kept.
 
@@ -226,20 +213,9 @@ def reset_expired_assignments(*, now: datetime, batch_size: int = BATCH_SIZE, ma
     The per-row form is ``services.run_reset_lease``; the lane does not change.
     """
 
-    def reset(ids: list[uuid.UUID]) -> list[bulk.Moved]:
-        with transaction.atomic():
-            return bulk.transition_batch(
-                ids=ids,
-                expected={RunStatus.ASSIGNED},
-                target=RunStatus.PENDING,
-                guard="run.assigned_expires_at < %(now)s",
-                event="lease_expired",
-                now=now,
-            )
-
     with _Sweep("expired_assignments", now) as sweep:
         for ids in _due(_EXPIRED_ASSIGNMENTS_SQL, {"now": now}, batch_size=batch_size, max_rows=max_rows):
-            sweep.count("reset", ids, sweep.batch(partial(reset, ids)))
+            sweep.count("reset", ids, sweep.batch(partial(bulk.reset_leases, ids, now=now)))
     return sweep.result
 
 
@@ -254,17 +230,7 @@ def startup_deadline(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
     params = {"now": now, "deadline": deadline}
     with _Sweep("startup_deadline", now) as sweep:
         for ids in _due(_STARTUP_DEADLINE_SQL, params, batch_size=batch_size, max_rows=max_rows):
-            work = partial(
-                _terminate,
-                ids,
-                expected={RunStatus.PENDING, RunStatus.ASSIGNED},
-                target=RunStatus.STARTUP_TIMEOUT,
-                guard=f"run.started_at IS NULL AND run.first_pending_at < %(deadline)s AND {bulk.LEASE_LAPSED}",
-                event="startup_timeout",
-                reasons=[STARTUP_TIMEOUT_REASON] * len(ids),
-                params=params,
-                now=now,
-            )
+            work = partial(bulk.startup_timeouts, ids, now=now, deadline=deadline)
             sweep.count("timed_out", ids, sweep.batch(work))
     return sweep.result
 
@@ -366,7 +332,7 @@ def _fail_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: 
         executing = [(runner, run) for runner, (run, status) in accepted.items() if status in EXECUTING]
         moved: list[bulk.Moved] = []
         if executing:
-            moved = _terminate(
+            moved = bulk.terminate_batch(
                 [run for _, run in executing],
                 expected=EXECUTING,
                 target=RunStatus.FAILURE,
@@ -424,16 +390,7 @@ def cancellation_backstop(*, now: datetime, batch_size: int = BATCH_SIZE, max_ro
     params = {"now": now}
     with _Sweep("cancellation_backstop", now) as sweep:
         for ids in _due(_CANCELLATION_BACKSTOP_SQL, params, batch_size=batch_size, max_rows=max_rows):
-            work = partial(
-                _terminate,
-                ids,
-                expected={RunStatus.REQUESTED_CANCELLATION},
-                target=RunStatus.CANCELLED,
-                guard=f"run.started_at IS NULL AND {bulk.LEASE_LAPSED}",
-                event="cancel_backstop",
-                detail=CANCEL_BACKSTOP_DETAIL,
-                now=now,
-            )
+            work = partial(bulk.cancel_backstops, ids, now=now)
             sweep.count("cancelled", ids, sweep.batch(work))
     return sweep.result
 

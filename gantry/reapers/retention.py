@@ -45,10 +45,10 @@ from django.db import connection, connections, transaction
 
 from gantry import conf
 from gantry.core.models import TERMINAL
+from gantry.core.services.bulk import literals
 from gantry.logs import live
 from gantry.logs.reader import INDEX_KEY
 from gantry.logs.storage import get_storage
-from gantry.reapers.bulk import literals
 from gantry.redis import client as redis_client
 
 _T = TypeVar("_T")

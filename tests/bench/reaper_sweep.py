@@ -376,7 +376,6 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("GANTRY_LOG_DIR", tempfile.mkdtemp(prefix="gantry-bench-logs-"))
     _bootstrap(args.database)
-    from gantry.reapers import reapers
 
     load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     version = execute("SHOW server_version")[0][0]

@@ -17,6 +17,7 @@ import pytest
 
 from gantry.core import services
 from gantry.core.models import DeploymentStatus, Run, RunEvent, Runner, RunnerGroup, RunStatus, Stack
+from gantry.core.services import bulk
 from gantry.logs import live
 from gantry.reapers import reapers
 from tests.conftest import SPEC
@@ -61,7 +62,7 @@ def test_it_times_out_many_runs_over_several_batches_and_promotes_every_lane(sta
     for run, nxt in zip(runs, queued, strict=True):
         row = reload(run)
         assert row.status == RunStatus.STARTUP_TIMEOUT
-        assert row.failure_reason == reapers.STARTUP_TIMEOUT_REASON
+        assert row.failure_reason == bulk.STARTUP_TIMEOUT_REASON
         assert row.finished_at == after(T0, "runner_startup_deadline", 1)
         assert event_kinds(run) == ["created", "startup_timeout"]
         assert deployment_status(row) == DeploymentStatus.FAILED

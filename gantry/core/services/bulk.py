@@ -1,18 +1,21 @@
-"""Set-based run transitions for the reapers: one batch of runs per statement (docs/reapers.md, "Set-based sweeps").
+"""Set-based run transitions: one batch of runs per statement (docs/reapers.md, "How a sweep works").
 
-The per-row services (``gantry.core.services``) move one run at a time with a
-dozen ORM statements; a sweep of thousands of due rows paid that per row. Here
-one guarded ``UPDATE … FROM unnest(…) … RETURNING`` moves a whole batch, and
-data-modifying CTEs of the same statement write its events, revoke its tokens
-and bring its deployments along. The rules are the per-row path's, written as
-SQL:
+The reapers move thousands of due rows per tick; a dozen ORM statements per
+row cost them 14-25 ms a row. Here one guarded ``UPDATE … FROM unnest(…) …
+RETURNING`` moves a whole batch, and data-modifying CTEs of the same
+statement write its events, revoke its tokens and bring its deployments
+along. The reapers' three run transitions (lease reset, startup timeout,
+cancellation backstop) and lane promotion are written here once: the per-row
+services (``run_reset_lease``, ``run_startup_timeout``, ``run_cancel_backstop``,
+``stack_promote_next``) call these with one run. The rules, as SQL:
 
-- Guards: the ``WHERE`` repeats the per-row service's guard (the expected
-  states and the extra condition), evaluated on the row's latest version when
-  it was locked, so a row that changed since the sweep selected it is simply
-  not in ``RETURNING``: skipped, never overwritten. Rows another transaction
-  holds locked (a second sweep, a request) are skipped (``SKIP LOCKED``) rather
-  than waited on; the next sweep sees them again if they are still due.
+- Guards: the ``WHERE`` holds the transition's guard (the expected states
+  and the extra condition), evaluated on the row's latest version when it was
+  locked, so a row that changed since the sweep selected it is simply not in
+  ``RETURNING``: skipped, never overwritten. In a sweep, rows another
+  transaction holds locked (a second sweep, a request) are skipped (``SKIP
+  LOCKED``) rather than waited on; the next sweep sees them again if they are
+  still due. One run (the per-row services) waits for its lock instead.
 - Lanes: a batch that ends lane holders first locks their stacks ``FOR NO KEY
   UPDATE`` in id order (the services' order: stack, then run), and after the
   transition promotes each freed stack's oldest queued run in one statement,
@@ -34,9 +37,10 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from gantry import metrics
 from gantry.core.models import DEPLOYMENT_STATUS_FOR_RUN, LANE_HOLDERS, TERMINAL, RunStatus
@@ -47,8 +51,8 @@ def literals(states: Iterable[str]) -> str:
     return ", ".join(f"'{status}'" for status in sorted(states))
 
 
-# A lease has lapsed when there is none (pending runs never carry one) or it is
-# past expiry: ``services.transitions.lease_lapsed_filter`` in SQL.
+# The guard "no runner can still accept this run": a lease has lapsed when
+# there is none (pending runs never carry one) or it is past expiry.
 LEASE_LAPSED = "(run.assigned_expires_at IS NULL OR run.assigned_expires_at < %(now)s)"
 
 
@@ -91,6 +95,7 @@ def transition_batch(
     reasons: Sequence[str | None] | None = None,
     runners: Sequence[uuid.UUID | None] | None = None,
     params: dict[str, Any] | None = None,
+    skip_locked: bool = True,
 ) -> list[Moved]:
     """Move every run of ``ids`` still in ``expected`` and passing ``guard`` (SQL on ``run``) to ``target``.
 
@@ -125,7 +130,7 @@ def transition_batch(
         SELECT run.id FROM run JOIN v ON v.id = run.id
         WHERE run.status IN ({literals(expected)}) AND (v.runner IS NULL OR run.assigned_runner_id = v.runner)
           AND {guard}
-        FOR NO KEY UPDATE OF run SKIP LOCKED
+        FOR NO KEY UPDATE OF run{" SKIP LOCKED" if skip_locked else ""}
     ),
     moved AS (
         UPDATE run SET {", ".join(sets)}
@@ -217,4 +222,77 @@ def record_finished(moved: Iterable[Moved], *, status: str, now: datetime) -> No
             status,
         )
         for m in moved
+    )
+
+
+def terminate_batch(ids: Sequence[uuid.UUID], *, target: str, now: datetime, **kw: Any) -> list[Moved]:
+    """End a batch of lane holders in one transaction: stacks locked, runs moved, freed lanes promoted.
+
+    ``services.transitions.terminate`` for many runs; ``kw`` goes to :func:`transition_batch`.
+    """
+    with transaction.atomic():
+        lock_stacks(ids)
+        moved = transition_batch(ids=ids, target=target, now=now, **kw)
+        promote_lanes((m.stack_id for m in moved), now=now)
+        transaction.on_commit(partial(record_finished, moved, status=target, now=now))
+    return moved
+
+
+# The reapers' run transitions. Each guard is the one place its rule is
+# written; ``guard`` (in words) is what a one-run refusal says.
+RESET_LEASE_GUARD = "its assignment lease to have lapsed"
+NEVER_STARTED_GUARD = "a never-started run whose assignment lease has lapsed"
+STARTUP_TIMEOUT_REASON = "no runner started the run before the startup deadline"
+CANCEL_BACKSTOP_DETAIL = {"reason": "cancellation was requested before the run started; no runner will acknowledge it"}
+
+
+def reset_leases(ids: Sequence[uuid.UUID], *, now: datetime, skip_locked: bool = True) -> list[Moved]:
+    """assigned → pending once the lease lapsed; the lease is cleared, the runner pointer kept. No lane change."""
+    with transaction.atomic():
+        return transition_batch(
+            ids=ids,
+            expected={RunStatus.ASSIGNED},
+            target=RunStatus.PENDING,
+            guard="run.assigned_expires_at < %(now)s",
+            event="lease_expired",
+            now=now,
+            skip_locked=skip_locked,
+        )
+
+
+def startup_timeouts(
+    ids: Sequence[uuid.UUID], *, now: datetime, deadline: datetime | None = None, skip_locked: bool = True
+) -> list[Moved]:
+    """Never started (pending, or assigned with a lapsed lease) → startup_timeout; lanes promoted.
+
+    ``deadline``, when given, adds "first pending before it" (the reaper's
+    selection, re-checked on the locked row).
+    """
+    guard = f"run.started_at IS NULL AND {LEASE_LAPSED}"
+    if deadline is not None:
+        guard += " AND run.first_pending_at < %(deadline)s"
+    return terminate_batch(
+        ids,
+        expected={RunStatus.PENDING, RunStatus.ASSIGNED},
+        target=RunStatus.STARTUP_TIMEOUT,
+        guard=guard,
+        event="startup_timeout",
+        reasons=[STARTUP_TIMEOUT_REASON] * len(ids),
+        params={"deadline": deadline},
+        now=now,
+        skip_locked=skip_locked,
+    )
+
+
+def cancel_backstops(ids: Sequence[uuid.UUID], *, now: datetime, skip_locked: bool = True) -> list[Moved]:
+    """requested_cancellation, never started, lease lapsed → cancelled; lanes promoted."""
+    return terminate_batch(
+        ids,
+        expected={RunStatus.REQUESTED_CANCELLATION},
+        target=RunStatus.CANCELLED,
+        guard=f"run.started_at IS NULL AND {LEASE_LAPSED}",
+        event="cancel_backstop",
+        detail=CANCEL_BACKSTOP_DETAIL,
+        now=now,
+        skip_locked=skip_locked,
     )
