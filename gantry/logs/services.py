@@ -148,6 +148,21 @@ WHERE run.id = v.id AND run.log_manifest IS NULL
 RETURNING run.id
 """
 
+# The same, also releasing finished runs from the runners about to be deleted
+# (``finish(release=…)``): one row version per run instead of two (the
+# manifest, then the foreign key's SET NULL when the runner row goes; run
+# has a dozen indexes and neither update can be HOT).
+_RELEASABLE = "(v.runner IS NOT NULL AND run.assigned_runner_id = v.runner AND run.status IN ({}))".format(
+    ", ".join(f"'{t}'" for t in sorted(TERMINAL))
+)
+_RECORD_AND_RELEASE_SQL = f"""
+UPDATE run SET log_manifest = COALESCE(run.log_manifest, v.manifest),
+               assigned_runner_id = CASE WHEN {_RELEASABLE} THEN NULL ELSE run.assigned_runner_id END
+FROM unnest(%s::uuid[], %s::jsonb[], %s::uuid[]) AS v(id, manifest, runner)
+WHERE run.id = v.id AND ((run.log_manifest IS NULL AND v.manifest IS NOT NULL) OR {_RELEASABLE})
+RETURNING run.id, v.manifest IS NOT NULL AND run.log_manifest = v.manifest
+"""
+
 
 def flush_live_logs(run_ids: list[uuid.UUID]) -> Flushed:
     """:func:`flush_live_log` for many runs: one read of the runs, one MGET, a storage write per record, one UPDATE.
@@ -215,8 +230,13 @@ class PendingFlush:
         self.futures = {run_id: pool.submit(manifest_of, run_id) for run_id in wanted}
         pool.shutdown(wait=False)  # the threads end once the writes are done
 
-    def finish(self) -> Flushed:
-        """Wait for the storage writes, record the manifests (one guarded UPDATE), drop the flushed live records."""
+    def finish(self, release: dict[uuid.UUID, uuid.UUID] | None = None) -> Flushed:
+        """Wait for the storage writes, record the manifests (one guarded UPDATE), drop the flushed live records.
+
+        ``release`` ({run: runner}) also clears the runner pointer of those runs
+        that are finished and flushed (or needed no flush), in the same UPDATE:
+        for a caller about to delete the runners (the inactive reaper).
+        """
         result = self.result
         manifests: dict[uuid.UUID, dict[str, Any]] = {}
         for run_id, future in self.futures.items():
@@ -233,7 +253,18 @@ class PendingFlush:
             manifest = future.result()
             if manifest is not None:
                 manifests[run_id] = manifest
-        if manifests:
+        freed = {run: runner for run, runner in (release or {}).items() if run not in result.failed}
+        if freed:
+            ids = list(set(manifests) | set(freed))
+            args = [
+                ids,
+                [json.dumps(manifests[i]) if i in manifests else None for i in ids],
+                [freed.get(i) for i in ids],
+            ]
+            with connection.cursor() as cur:
+                cur.execute(_RECORD_AND_RELEASE_SQL, args)
+                result.recorded = {row[0] for row in cur.fetchall() if row[1]}
+        elif manifests:
             ids = list(manifests)
             with connection.cursor() as cur:
                 cur.execute(_RECORD_MANIFESTS_SQL, [ids, [json.dumps(manifests[i]) for i in ids]])

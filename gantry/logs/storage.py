@@ -37,6 +37,8 @@ from gantry.logs.limits import UPLOAD_URL_TTL
 UPLOAD_SALT = "gantry.logs.upload"
 # Keys per S3 DeleteObjects request (the API's maximum).
 S3_DELETE_BATCH = 1000
+# HTTP connections the shared S3 client keeps.
+S3_CONNECTIONS = 32
 
 
 def chunk_key(run_id: uuid.UUID, n: int) -> str:
@@ -290,7 +292,11 @@ def _s3_client(endpoint_url: str, region: str, addressing_style: str) -> Any:
         "s3",
         endpoint_url=endpoint_url or None,
         region_name=region or None,
-        config=Config(signature_version="s3v4", s3={"addressing_style": addressing_style}),
+        # Enough connections for the reapers' flush threads (gantry.logs.services.FLUSH_THREADS)
+        # and the retention purge to run their requests at once; botocore's default is 10.
+        config=Config(
+            signature_version="s3v4", s3={"addressing_style": addressing_style}, max_pool_connections=S3_CONNECTIONS
+        ),
     )
 
 

@@ -357,7 +357,8 @@ def _fail_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: 
 def _settle_lost(sweep: _Sweep, batch: _LostBatch, *, now: datetime) -> None:
     """Record a batch's flushed logs, then delete its runners, except those whose flush failed (kept for a retry)."""
     counts = sweep.result.counts
-    flushed = batch.flush.finish()
+    # The runs' pointers to their runners are cleared with their manifests (one row version each).
+    flushed = batch.flush.finish(release={run: runner for runner, run in batch.accepted.items()})
     if flushed.failed:
         counts["flush_failed"] += len(flushed.failed)
         log.warning(
