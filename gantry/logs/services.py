@@ -256,7 +256,7 @@ class PendingFlush:
         freed = {run: runner for run, runner in (release or {}).items() if run not in result.failed}
         if freed:
             ids = list(set(manifests) | set(freed))
-            args = [
+            args: list[Any] = [
                 ids,
                 [json.dumps(manifests[i]) if i in manifests else None for i in ids],
                 [freed.get(i) for i in ids],

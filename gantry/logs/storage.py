@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -220,14 +221,22 @@ class S3Storage(LogStorage):
         DeleteObjects in batches of up to 1,000 keys; a key S3 reports as not deleted fails its run."""
         failed: dict[uuid.UUID, Exception] = {}
         keys: list[tuple[str, uuid.UUID]] = []
-        for run_id in run_ids:
-            try:
-                pages = self.client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.bucket, Prefix=f"{self.prefix}runs/{run_id}/"
-                )
-                keys.extend((item["Key"], run_id) for page in pages for item in page.get("Contents", ()))
-            except Exception as exc:
-                failed[run_id] = exc
+
+        def listing(run_id: uuid.UUID) -> list[str]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=f"{self.prefix}runs/{run_id}/"
+            )
+            return [item["Key"] for page in pages for item in page.get("Contents", ())]
+
+        # The LISTs are round trips each: a few at once (the client is thread-safe).
+        with ThreadPoolExecutor(max_workers=max(1, min(S3_CONNECTIONS // 2, len(run_ids)))) as pool:
+            listed = {run_id: pool.submit(listing, run_id) for run_id in run_ids}
+        for run_id, future in listed.items():
+            error = future.exception()
+            if error is not None:
+                failed[run_id] = error if isinstance(error, Exception) else RuntimeError(str(error))
+            else:
+                keys.extend((key, run_id) for key in future.result())
         owner = dict(keys)
         for start in range(0, len(keys), S3_DELETE_BATCH):
             batch = keys[start : start + S3_DELETE_BATCH]
