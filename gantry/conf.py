@@ -40,6 +40,12 @@ class GantryConf:
     poll_max_wait: int
     # A group none of whose coordinators polled for this long looks offline (the queue's no_runner_polling).
     poll_stale_after: int
+    # Finished runs (and their events, logs and live records) are kept this many days after they
+    # finished, then removed by the retention reaper; 0 keeps them for ever (docs/reapers.md).
+    retention_days: int = 30
+    # Runs the retention reaper deletes per transaction, and most finished runs it examines per tick.
+    retention_batch_size: int = 500
+    retention_max_rows: int = 10_000
 
     def check(self) -> None:
         if self.stub_cutoff <= self.assignment_ttl:
@@ -55,6 +61,8 @@ class GantryConf:
                 "GANTRY_RUNNER_FORCE_GATE must be at least GANTRY_ASSIGNMENT_TTL, "
                 "or a force-delete could race an accept still within its lease"
             )
+        if self.retention_max_rows < self.retention_batch_size:
+            raise ImproperlyConfigured("GANTRY_RETENTION_MAX_ROWS must be at least GANTRY_RETENTION_BATCH_SIZE")
 
 
 @functools.cache
@@ -75,6 +83,10 @@ def get() -> GantryConf:
         log_max_bytes=envint("GANTRY_LOG_MAX_BYTES", 256 * 1024 * 1024, minimum=1024),
         poll_max_wait=envint("GANTRY_POLL_MAX_WAIT", 30, minimum=0, maximum=30),
         poll_stale_after=envint("GANTRY_POLL_STALE_AFTER", 60, minimum=1),
+        # At most a century: the cut-off (now - days) must stay a valid date.
+        retention_days=envint("GANTRY_RETENTION_DAYS", 30, minimum=0, maximum=36_500),
+        retention_batch_size=envint("GANTRY_RETENTION_BATCH_SIZE", 500, minimum=1, maximum=10_000),
+        retention_max_rows=envint("GANTRY_RETENTION_MAX_ROWS", 10_000, minimum=1, maximum=1_000_000),
     )
     conf.check()
     return conf

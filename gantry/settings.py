@@ -286,7 +286,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(_conf.reaper_interval),
         "options": {"expires": float(_conf.reaper_interval)},
     }
-    for name in ("expired_assignments", "inactive_runners", "startup_deadline", "cancellation_backstop")
+    for name in ("expired_assignments", "inactive_runners", "startup_deadline", "cancellation_backstop", "retention")
 }
 
 # The backend dispatcher (github_actions groups; docs/github-actions.md), when GitHub is configured.

@@ -433,3 +433,23 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class LogPurge(models.Model):
+    """A run retention deleted whose stored log chunks and Redis records are still to be removed.
+
+    The retention reaper (``gantry.reapers.retention``) writes one in the same
+    transaction that deletes the run, then deletes the objects and this row
+    after commit. A failed delete leaves the row, retried on the next tick, so
+    no run row ever names a missing chunk and no chunk is orphaned for ever.
+    """
+
+    run_id = models.UUIDField(primary_key=True)
+    queued_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "log_purge"
+        ordering = ["queued_at"]
+
+    def __str__(self) -> str:
+        return f"log purge of run {self.run_id}"

@@ -39,7 +39,7 @@ from gantry import conf
 from gantry.core import services
 from gantry.core.models import RunnerGroup
 from gantry.core.services.runners import holds_run_sql
-from gantry.reapers.reapers import flush_live_log_seam
+from gantry.logs import flush_live_log
 from launchers.github_actions import GitHubActionsLauncher
 from launchers.github_actions.api import GitHubApi, GitHubError
 
@@ -230,7 +230,7 @@ def _settle(runner_id: uuid.UUID, workflow_run_id: int, conclusion: str, *, now:
         return False  # gone meanwhile, or another dispatcher is settling it
     if outcome.run_id is not None and outcome.started:
         try:
-            flush_live_log_seam(outcome.run_id)
+            flush_live_log(outcome.run_id)
         except Exception:
             # The run is failed; the runner stays, so the next pass flushes again before deleting it.
             log.warning(

@@ -96,6 +96,22 @@ def get(run_id: uuid.UUID) -> LiveRecord | None:
         _unavailable("read", exc)
         return None
     _available()
+    return _parse(run_id, raw)
+
+
+def get_many(run_ids: list[uuid.UUID]) -> dict[uuid.UUID, LiveRecord | None]:
+    """The records of many runs in one round trip (MGET), for the reapers' flush.
+
+    Unlike :func:`get` this raises on a Redis error: the flush must tell "no
+    record" (the loss is recorded for good) from "Redis is down" (retry later).
+    """
+    if not run_ids:
+        return {}
+    raws = client().mget([_key(run_id) for run_id in run_ids])
+    return {run_id: _parse(run_id, raw) for run_id, raw in zip(run_ids, raws, strict=True)}
+
+
+def _parse(run_id: uuid.UUID, raw: object) -> LiveRecord | None:
     if not isinstance(raw, bytes):
         return None
     header, sep, data = raw.partition(b"\n")
@@ -115,8 +131,16 @@ def get(run_id: uuid.UUID) -> LiveRecord | None:
 
 def delete(run_id: uuid.UUID) -> None:
     """Drop the run's record (after /done, or once flushed to storage)."""
+    delete_many([run_id])
+
+
+def delete_many(run_ids: list[uuid.UUID], *extra_keys: str) -> None:
+    """Drop the records of many runs (and any ``extra_keys``) in one round trip; best-effort like :func:`delete`."""
+    keys = [_key(run_id) for run_id in run_ids] + list(extra_keys)
+    if not keys:
+        return
     try:
-        client().delete(_key(run_id))
+        client().delete(*keys)
     except (redis.RedisError, OSError) as exc:
         # It expires on its own; the reader ignores it once the run has a manifest.
         _unavailable("delete", exc)

@@ -7,10 +7,15 @@ database writes are one guarded UPDATE of ``run.log_manifest``.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
+
+import redis
+from django.db import connection
 
 from gantry.core.errors import ChunkExists, Conflict, InvalidRequest, NotFound, RunTerminal
 from gantry.core.models import EXECUTING, TERMINAL, Run
@@ -18,9 +23,12 @@ from gantry.logs import live
 from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS
 from gantry.logs.manifest import is_sha256
 from gantry.logs.reader import ChunkIndex, gunzip
-from gantry.logs.storage import LocalStorage, PresignedPut, UploadGrant, get_storage
+from gantry.logs.storage import LocalStorage, LogStorage, PresignedPut, UploadGrant, get_storage
 
 log = logging.getLogger("gantry.logs")
+
+# Storage writes a batch flush runs at once (see flush_live_logs).
+FLUSH_THREADS = 16
 
 
 def _held(run_id: uuid.UUID, runner_id: uuid.UUID) -> bool:
@@ -100,64 +108,195 @@ def chunk_store_upload(*, grant: UploadGrant, data: bytes) -> UploadResult:
 def flush_live_log(run_id: uuid.UUID) -> bool:
     """Write the run's last live snapshot to storage as its final chunk; True when a manifest was recorded.
 
-    For the inactive-runner reaper, after it failed a run whose runner was
-    lost: the snapshot becomes chunk ``chunk_index`` (unless storage already
-    has that chunk, e.g. the runner's own upload landed first; both writes are
-    write-once, so whichever came first stays), and the run gets a manifest of
-    ``chunk_index + 1`` chunks so the reader shows the partial log, with gap
-    markers for any earlier chunk that never reached storage. Hashes the
-    server cannot know (the runner's sealed chunks) are recorded as null:
-    those chunks are shown unverified.
+    For a run whose runner was lost (the inactive-runner reaper, reconcile,
+    force-delete, a GitHub workflow run that ended): the snapshot becomes chunk
+    ``chunk_index`` (unless storage already has that chunk, e.g. the runner's
+    own upload landed first; both writes are write-once, so whichever came
+    first stays), and the run gets a manifest of ``chunk_index + 1`` chunks so
+    the reader shows the partial log, with gap markers for any earlier chunk
+    that never reached storage. Hashes the server cannot know (the runner's
+    sealed chunks) are recorded as null: those chunks are shown unverified.
 
     Does nothing (False) for a run still executing (its runner may yet upload
     that chunk in full), for a run that already has a manifest (/done made
-    storage authoritative), and when there is no live record. Call it after
-    the run's failure has committed, outside a transaction (storage may be S3).
+    storage authoritative), and when there is no live record. Raises when
+    storage or Redis fails, leaving the live record in place for a retry. Call
+    it after the run's failure has committed, outside a transaction (storage
+    may be S3). :func:`flush_live_logs` is the same for many runs.
     """
-    row = Run.objects.filter(id=run_id).values("status", "log_manifest", "started_at").first()
-    if row is None:
-        live.delete(run_id)
-        return False
-    if row["status"] not in TERMINAL:
-        return False
-    if row["log_manifest"] is not None:
-        live.delete(run_id)
-        return False
-    record = live.get(run_id)
-    if record is None:
-        if row["started_at"] is None:
-            return False  # never started: no output, nothing lost
-        # The runner was lost before its first live push, or Redis lost the
-        # record: keep what storage has, and say that the rest is missing.
-        present = ChunkIndex(run_id, get_storage()).present_count()
-        lost: dict[str, Any] = {"count": present, "sha256": [None] * present, "lost": True}
-        recorded = Run.objects.filter(id=run_id, log_manifest__isnull=True).update(log_manifest=lost) == 1
-        log.info(
-            "no live log for run %s; recorded %d stored chunk(s) and the loss",
-            run_id,
-            present,
-            extra={"event": "logs.flushed_lost", "run_id": str(run_id), "chunks": present, "recorded": recorded},
-        )
-        return recorded
+    flushed = flush_live_logs([run_id])
+    if run_id in flushed.failed:
+        raise flushed.failed[run_id]
+    return run_id in flushed.recorded
+
+
+@dataclass
+class Flushed:
+    """What :func:`flush_live_logs` did with each run it was given."""
+
+    # Runs that got a manifest from this call.
+    recorded: set[uuid.UUID] = field(default_factory=set)
+    # Runs that could not be flushed (storage or Redis failed); their live record is kept for a retry.
+    failed: dict[uuid.UUID, Exception] = field(default_factory=dict)
+
+
+# The manifest is written only where none is (guarded), for many runs at once.
+_RECORD_MANIFESTS_SQL = """
+UPDATE run SET log_manifest = v.manifest
+FROM unnest(%s::uuid[], %s::jsonb[]) AS v(id, manifest)
+WHERE run.id = v.id AND run.log_manifest IS NULL
+RETURNING run.id
+"""
+
+# The same, also releasing finished runs from the runners about to be deleted
+# (``finish(release=…)``): one row version per run instead of two (the
+# manifest, then the foreign key's SET NULL when the runner row goes; run
+# has a dozen indexes and neither update can be HOT).
+_RELEASABLE = "(v.runner IS NOT NULL AND run.assigned_runner_id = v.runner AND run.status IN ({}))".format(
+    ", ".join(f"'{t}'" for t in sorted(TERMINAL))
+)
+_RECORD_AND_RELEASE_SQL = f"""
+UPDATE run SET log_manifest = COALESCE(run.log_manifest, v.manifest),
+               assigned_runner_id = CASE WHEN {_RELEASABLE} THEN NULL ELSE run.assigned_runner_id END
+FROM unnest(%s::uuid[], %s::jsonb[], %s::uuid[]) AS v(id, manifest, runner)
+WHERE run.id = v.id AND ((run.log_manifest IS NULL AND v.manifest IS NOT NULL) OR {_RELEASABLE})
+RETURNING run.id, v.manifest IS NOT NULL AND run.log_manifest = v.manifest
+"""
+
+
+def flush_live_logs(run_ids: list[uuid.UUID]) -> Flushed:
+    """:func:`flush_live_log` for many runs: one read of the runs, one MGET, a storage write per record, one UPDATE.
+
+    A failure is per run (``failed``) and never loses data: the run keeps no
+    manifest and its live record stays in Redis, so the caller retries (the
+    reaper keeps the runner row until the flush succeeds). Redis being down
+    fails every run that still needs its record, rather than recording a loss
+    that is not one. ``start_flush(...).finish()`` is the same in two halves,
+    so a caller can do other database work while the storage writes run.
+    """
+    return start_flush(run_ids).finish()
+
+
+def start_flush(run_ids: list[uuid.UUID]) -> PendingFlush:
+    """Read the runs and their live records, and start their storage writes in threads; ``finish()`` ends it.
+
+    The database is read here, on the caller's connection, and written only by
+    ``finish()``: the threads touch storage and Redis, never the database.
+    """
+    return PendingFlush(run_ids)
+
+
+class PendingFlush:
+    """A batch flush whose storage writes are under way (see :func:`start_flush`)."""
+
+    def __init__(self, run_ids: list[uuid.UUID]) -> None:
+        self.result = Flushed()
+        self.futures: dict[uuid.UUID, Future[dict[str, Any] | None]] = {}
+        self.settled: list[uuid.UUID] = []
+        self.records: dict[uuid.UUID, live.LiveRecord | None] = {}
+        if not run_ids:
+            return
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT id, status, log_manifest IS NOT NULL, started_at IS NOT NULL FROM run "
+                "WHERE id = ANY(%s::uuid[])",
+                [list(run_ids)],
+            )
+            rows = {row[0]: row[1:] for row in cur.fetchall()}
+        # Gone, or storage already authoritative: only the live record is left to drop.
+        self.settled = [run_id for run_id in run_ids if run_id not in rows or rows[run_id][1]]
+        wanted = [r for r in run_ids if r in rows and rows[r][0] in TERMINAL and not rows[r][1]]
+        try:
+            self.records = live.get_many(wanted)
+        except (redis.RedisError, OSError) as exc:
+            for run_id in wanted:
+                self.result.failed[run_id] = exc
+            return
+        if not wanted:
+            return
+        storage = get_storage()
+
+        def manifest_of(run_id: uuid.UUID) -> dict[str, Any] | None:
+            record = self.records.get(run_id)
+            if record is None:
+                # Started: the runner was lost before its first push, or Redis lost the record.
+                # Never started: no output, nothing lost.
+                return _lost_manifest(run_id, storage) if rows[run_id][2] else None
+            return _final_manifest(run_id, record, storage)
+
+        # Storage round trips (an S3 PUT, a local write and its fsync) overlap in
+        # a few threads: one after the other they would be most of a big sweep's time.
+        pool = ThreadPoolExecutor(max_workers=min(FLUSH_THREADS, len(wanted)), thread_name_prefix="gantry-flush")
+        self.futures = {run_id: pool.submit(manifest_of, run_id) for run_id in wanted}
+        pool.shutdown(wait=False)  # the threads end once the writes are done
+
+    def finish(self, release: dict[uuid.UUID, uuid.UUID] | None = None) -> Flushed:
+        """Wait for the storage writes, record the manifests (one guarded UPDATE), drop the flushed live records.
+
+        ``release`` ({run: runner}) also clears the runner pointer of those runs
+        that are finished and flushed (or needed no flush), in the same UPDATE:
+        for a caller about to delete the runners (the inactive reaper).
+        """
+        result = self.result
+        manifests: dict[uuid.UUID, dict[str, Any]] = {}
+        for run_id, future in self.futures.items():
+            error = future.exception()
+            if error is not None:
+                result.failed[run_id] = error if isinstance(error, Exception) else RuntimeError(str(error))
+                log.warning(
+                    "live-log flush of run %s failed; its record is kept for a retry",
+                    run_id,
+                    exc_info=error,
+                    extra={"event": "logs.flush_failed", "run_id": str(run_id)},
+                )
+                continue
+            manifest = future.result()
+            if manifest is not None:
+                manifests[run_id] = manifest
+        freed = {run: runner for run, runner in (release or {}).items() if run not in result.failed}
+        if freed:
+            ids = list(set(manifests) | set(freed))
+            args: list[Any] = [
+                ids,
+                [json.dumps(manifests[i]) if i in manifests else None for i in ids],
+                [freed.get(i) for i in ids],
+            ]
+            with connection.cursor() as cur:
+                cur.execute(_RECORD_AND_RELEASE_SQL, args)
+                result.recorded = {row[0] for row in cur.fetchall() if row[1]}
+        elif manifests:
+            ids = list(manifests)
+            with connection.cursor() as cur:
+                cur.execute(_RECORD_MANIFESTS_SQL, [ids, [json.dumps(manifests[i]) for i in ids]])
+                result.recorded = {row[0] for row in cur.fetchall()}
+        # Storage is authoritative for every run with a manifest now (ours or a racer's).
+        live.delete_many(self.settled + [run_id for run_id in manifests if self.records.get(run_id) is not None])
+        for run_id, manifest in manifests.items():
+            log.info(
+                "flushed the live log of run %s (%s)",
+                run_id,
+                "lost" if manifest.get("lost") else f"chunk {manifest.get('flushed_chunk')}",
+                extra={"event": "logs.flushed_lost" if manifest.get("lost") else "logs.flushed",
+                       "run_id": str(run_id), "chunks": manifest["count"], "recorded": run_id in result.recorded},
+            )  # fmt: skip
+        return result
+
+
+def _lost_manifest(run_id: uuid.UUID, storage: LogStorage) -> dict[str, Any]:
+    """Keep what storage has, and say that the rest is missing."""
+    present = ChunkIndex(run_id, storage).present_count()
+    return {"count": present, "sha256": [None] * present, "lost": True}
+
+
+def _final_manifest(run_id: uuid.UUID, record: live.LiveRecord, storage: LogStorage | None) -> dict[str, Any]:
+    """Store the live snapshot as chunk ``chunk_index`` (write-once) and answer the manifest that ends there."""
     n = record.chunk_index
     hashes: list[str | None] = [None] * n
-    text = gunzip(record.data)
-    if text == b"":
+    if gunzip(record.data) == b"":
         # Nothing was written since the last seal: no empty chunk, just the manifest.
-        count = n
-    else:
-        count = n + 1
-        written = get_storage().put(run_id, n, record.data)
-        # When the key was taken, the runner's own upload won; its hash is unknown here.
-        hashes.append(hashlib.sha256(record.data).hexdigest() if written else None)
-    manifest: dict[str, Any] = {"count": count, "sha256": hashes, "flushed_chunk": n if count > n else None}
-    # Guarded: never overwrite a manifest, whoever wrote it first.
-    recorded = Run.objects.filter(id=run_id, log_manifest__isnull=True).update(log_manifest=manifest) == 1
-    live.delete(run_id)
-    log.info(
-        "flushed the live log of run %s as chunk %s",
-        run_id,
-        n,
-        extra={"event": "logs.flushed", "run_id": str(run_id), "chunk": n, "recorded": recorded},
-    )
-    return recorded
+        return {"count": n, "sha256": hashes, "flushed_chunk": None}
+    assert storage is not None
+    written = storage.put(run_id, n, record.data)
+    # When the key was taken, the runner's own upload won; its hash is unknown here.
+    hashes.append(hashlib.sha256(record.data).hexdigest() if written else None)
+    return {"count": n + 1, "sha256": hashes, "flushed_chunk": n}

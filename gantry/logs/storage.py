@@ -16,9 +16,12 @@ from __future__ import annotations
 import base64
 import functools
 import os
+import shutil
 import tempfile
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,6 +36,10 @@ from gantry import embedded
 from gantry.logs.limits import UPLOAD_URL_TTL
 
 UPLOAD_SALT = "gantry.logs.upload"
+# Keys per S3 DeleteObjects request (the API's maximum).
+S3_DELETE_BATCH = 1000
+# HTTP connections the shared S3 client keeps.
+S3_CONNECTIONS = 32
 
 
 def chunk_key(run_id: uuid.UUID, n: int) -> str:
@@ -66,6 +73,13 @@ class LogStorage(ABC):
     @abstractmethod
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
         """A URL the runner PUTs chunk ``n`` to; only a body of ``size`` bytes hashing to ``sha256`` is kept."""
+
+    @abstractmethod
+    def delete_runs(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Exception]:
+        """Delete every stored chunk of these runs (retention); answers the runs whose delete failed, with why.
+
+        Idempotent: a run with nothing stored (or already deleted) succeeds.
+        """
 
 
 # ---------------------------------------------------------------- local folder
@@ -118,6 +132,17 @@ class LocalStorage(LogStorage):
 
     def exists(self, run_id: uuid.UUID, n: int) -> bool:
         return self.path(run_id, n).is_file()
+
+    def delete_runs(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Exception]:
+        failed: dict[uuid.UUID, Exception] = {}
+        for run_id in run_ids:
+            try:
+                shutil.rmtree(self.root / "runs" / str(run_id))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                failed[run_id] = exc
+        return failed
 
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
         token = signing.dumps({"r": str(run_id), "n": n, "h": sha256, "z": size}, salt=UPLOAD_SALT, compress=False)
@@ -191,6 +216,45 @@ class S3Storage(LogStorage):
             raise
         return True
 
+    def delete_runs(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Exception]:
+        """One LIST per run (a lost runner may have stored chunks its manifest does not name), then
+        DeleteObjects in batches of up to 1,000 keys; a key S3 reports as not deleted fails its run."""
+        failed: dict[uuid.UUID, Exception] = {}
+        keys: list[tuple[str, uuid.UUID]] = []
+
+        def listing(run_id: uuid.UUID) -> list[str]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=f"{self.prefix}runs/{run_id}/"
+            )
+            return [item["Key"] for page in pages for item in page.get("Contents", ())]
+
+        # The LISTs are round trips each: a few at once (the client is thread-safe).
+        with ThreadPoolExecutor(max_workers=max(1, min(S3_CONNECTIONS // 2, len(run_ids)))) as pool:
+            listed = {run_id: pool.submit(listing, run_id) for run_id in run_ids}
+        for run_id, future in listed.items():
+            error = future.exception()
+            if error is not None:
+                failed[run_id] = error if isinstance(error, Exception) else RuntimeError(str(error))
+            else:
+                keys.extend((key, run_id) for key in future.result())
+        owner = dict(keys)
+        for start in range(0, len(keys), S3_DELETE_BATCH):
+            batch = keys[start : start + S3_DELETE_BATCH]
+            try:
+                answer = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key, _ in batch], "Quiet": True}
+                )
+            except Exception as exc:
+                for _, run_id in batch:
+                    failed[run_id] = exc
+                continue
+            for error in answer.get("Errors", ()):
+                run_id = owner[error["Key"]]
+                failed[run_id] = OSError(
+                    f"S3 did not delete {error['Key']}: {error.get('Code')} {error.get('Message')}"
+                )
+        return failed
+
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
         checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
         # Every one of these is a signed header: S3 refuses the PUT unless the
@@ -237,7 +301,11 @@ def _s3_client(endpoint_url: str, region: str, addressing_style: str) -> Any:
         "s3",
         endpoint_url=endpoint_url or None,
         region_name=region or None,
-        config=Config(signature_version="s3v4", s3={"addressing_style": addressing_style}),
+        # Enough connections for the reapers' flush threads (gantry.logs.services.FLUSH_THREADS)
+        # and the retention purge to run their requests at once; botocore's default is 10.
+        config=Config(
+            signature_version="s3v4", s3={"addressing_style": addressing_style}, max_pool_connections=S3_CONNECTIONS
+        ),
     )
 
 

@@ -4,62 +4,70 @@ Each reaper is a function of ``now`` that answers what it did. Celery beat
 runs them every ``GANTRY_REAPER_INTERVAL`` seconds (``gantry.reapers.tasks``);
 ``manage.py reap`` runs them by hand, at any ``--now``.
 
-How a sweep works:
+How a sweep works (docs/reapers.md, "Set-based sweeps"):
 
-1. It selects due rows in batches, oldest deadline first, with one statement
+1. It selects due ids in batches, oldest deadline first, with one statement
    that a partial index answers (migration core/0005), so its cost follows
-   the due rows, never the table. The selection runs in a short transaction
-   ``FOR UPDATE SKIP LOCKED``: a row some request is changing at this moment
-   is left for the next sweep instead of waited on. The locks are released
-   before any transition: the services lock stack → run, and holding run
-   locks while they take the stack lock would invert that order and deadlock
-   against /done or a cancellation.
-2. Each selected row then goes through its state-machine service, whose
-   guarded UPDATE (``WHERE status IN (…) AND <deadline still passed>``) is
-   what makes a transition happen once. A second sweep running at the same
-   time (a second beat, a manual ``reap``) or a request that got there first
-   makes the service refuse; the refusal is counted as ``skipped``.
+   the due rows, never the table. The selection takes no locks.
+2. Each batch is then moved in one transaction of a few statements
+   (``gantry.core.services.bulk``): the stacks locked in id order when lanes change
+   (the services' order, stack → run), one guarded ``UPDATE … RETURNING``
+   that repeats the per-row service's guard and skips rows other
+   transactions hold locked, with the batch's events and deployments in the
+   same statement, and one statement promoting the freed lanes. A row that
+   changed since the selection, or that a second sweep (a second beat, a
+   manual ``reap``) or a request moved first, is not returned: it counts as
+   ``skipped`` and is never overwritten.
 3. Batches continue after the last row's (deadline, id), so a row that was
-   refused or skipped is not selected again in the same sweep, and a sweep
-   takes at most ``max_rows`` rows: the rest waits for the next tick.
+   skipped is not selected again in the same sweep, and a sweep takes at
+   most ``max_rows`` rows: the rest waits for the next tick.
 
-Every transition goes through ``gantry.core.services``, writes its run_event,
-and makes its run claimable (NOTIFY) by the same triggers as the API.
+Side effects outside PostgreSQL run after the batch commits: finished-run
+metrics in one Redis pipeline, a lost run's live log flushed to storage a
+batch at a time (``gantry.logs.flush_live_logs``), and only then its runner
+row deleted, so a failed flush leaves the runner for the next sweep to retry.
+NOTIFY comes from the same triggers as the API's (migration 0004).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
 from django.db import connection, transaction
 
 from gantry import conf, metrics
 from gantry.core import services
-from gantry.core.errors import GantryError
+from gantry.core.models import EXECUTING, RunStatus
+from gantry.core.services import bulk
+from gantry.core.services.runners import holds_run_sql
+from gantry.logs import flush_live_log, start_flush
+from gantry.logs.services import PendingFlush
 from gantry.reapers import stubs
 
 log = logging.getLogger("gantry.reapers")
+_T = TypeVar("_T")
 
-# Rows per selection, and most rows one sweep of one reaper takes. Selecting
-# is cheap (tens of microseconds a row); each transition is a dozen statements
-# in its own transaction (its event, the deployment, the lane), measured at
-# 14-28 ms on a busy shared two-core machine (docs/reapers.md). A bounded sweep
-# thus fits a one-minute tick there; a larger backlog drains over ticks, and a
-# tick that cannot start in time expires instead of piling up.
-BATCH_SIZE = 200
-MAX_ROWS = 2000
+# Rows per batch (one transaction), and most rows one sweep of one reaper
+# takes. A batch is a few statements and tens of milliseconds, and its locks
+# (stacks, runs) last that long. A due row costs a sweep well under a
+# millisecond (docs/performance.md), so a bounded sweep fits a one-minute tick
+# on a busy two-core machine with room to spare (10,000 lost runners, their
+# logs flushed, in one tick); a larger backlog drains over ticks, and a tick
+# that cannot start in time expires instead of piling up.
+BATCH_SIZE = 500
+MAX_ROWS = 20_000
 # A sweep gives up after this many unexpected errors (the database is likely
-# down); each is logged with its traceback, and the next tick starts afresh.
+# down); each is logged with its traceback and costs only its batch (rolled
+# back, due again next tick), and the next tick starts afresh.
 MAX_ERRORS = 10
 
 # The keyset start: before every (deadline, id).
@@ -75,12 +83,13 @@ class SweepResult:
 
     @property
     def acted(self) -> int:
-        """Rows this sweep changed (everything but ``skipped``, ``error`` and ``flush_failed``)."""
-        return sum(n for k, n in self.counts.items() if k not in ("skipped", "error", "flush_failed"))
+        """Rows this sweep changed (everything but ``skipped``, ``error`` and the failures left for a retry)."""
+        return sum(n for k, n in self.counts.items() if k not in ("skipped", "error", "flush_failed", "purge_failed"))
 
     def summary(self) -> str:
         outcomes = metrics.REAPER_OUTCOMES[self.reaper]
-        parts = [f"{k}={self.counts[k]}" for k in outcomes if self.counts[k] or k not in ("error", "flush_failed")]
+        quiet = ("error", "flush_failed", "purge_failed")
+        parts = [f"{k}={self.counts[k]}" for k in outcomes if self.counts[k] or k not in quiet]
         return f"{self.reaper}: {' '.join(parts)} in {self.seconds * 1000:.1f} ms"
 
 
@@ -98,7 +107,6 @@ WHERE status = 'assigned' AND assigned_expires_at < %(now)s
   AND (assigned_expires_at, id) > (%(after_key)s, %(after_id)s)
 ORDER BY assigned_expires_at, id
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
 """
 
 # startup deadline — index run_never_started_idx. An assigned run qualifies
@@ -111,7 +119,6 @@ WHERE status IN ('pending', 'assigned') AND started_at IS NULL
   AND (first_pending_at, id) > (%(after_key)s, %(after_id)s)
 ORDER BY first_pending_at, id
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
 """
 
 # cancellation backstop — index run_cancel_backstop_idx (normally empty)
@@ -122,7 +129,6 @@ WHERE status = 'requested_cancellation' AND started_at IS NULL
   AND (created_at, id) > (%(after_key)s, %(after_id)s)
 ORDER BY created_at, id
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
 """
 
 # busy runners gone silent — index runner_busy_seen_idx. A busy runner's
@@ -134,21 +140,19 @@ WHERE status = 'busy' AND COALESCE(last_seen_at, accepted_at, created_at) < %(si
   AND (COALESCE(last_seen_at, accepted_at, created_at), id) > (%(after_key)s, %(after_id)s)
 ORDER BY COALESCE(last_seen_at, accepted_at, created_at), id
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
 """
 
 
-def _due(sql: str, params: dict[str, Any], *, batch_size: int, max_rows: int) -> Iterator[uuid.UUID]:
-    """The due ids, selected ``batch_size`` at a time in (key, id) order, at most ``max_rows``."""
+def _due(sql: str, params: dict[str, Any], *, batch_size: int, max_rows: int) -> Iterator[list[uuid.UUID]]:
+    """The due ids, ``batch_size`` at a time in (key, id) order, at most ``max_rows`` in all."""
     (after_key, after_id), taken = _BEFORE_ALL, 0
     while taken < max_rows:
         limit = min(batch_size, max_rows - taken)
-        # The locks last only as long as the selection (see the module docstring).
-        with transaction.atomic(), connection.cursor() as cur:
+        with connection.cursor() as cur:
             cur.execute(sql, {**params, "after_key": after_key, "after_id": after_id, "limit": limit})
             rows = cur.fetchall()
-        for _, row_id in rows:
-            yield row_id
+        if rows:
+            yield [row_id for _, row_id in rows]
         taken += len(rows)
         if len(rows) < limit:
             return
@@ -182,26 +186,23 @@ class _Sweep:
                 extra={"event": f"reaper.{result.reaper}", "counts": dict(result.counts), "now": result.now},
             )
 
-    def attempt(self, transition: Callable[[], Any]) -> tuple[bool, Any]:
-        """Run one row's transition; a refusal counts as ``skipped``, a failure as ``error``."""
-        counts = self.result.counts
+    def batch(self, work: Callable[[], _T]) -> _T | None:
+        """Run one batch; a failure counts as ``error`` (the batch rolled back) and the sweep goes on."""
         try:
-            return True, transition()
-        except GantryError as exc:
-            # Another sweep or a request moved the row first: nothing to do.
-            log.debug("reaper skipped a row: %s", exc.detail, extra={"event": f"reaper.{self.result.reaper}.skip"})
-            counts["skipped"] += 1
+            return work()
         except Exception:
+            counts = self.result.counts
             counts["error"] += 1
-            log.exception("reaper step failed", extra={"event": f"reaper.{self.result.reaper}.error"})
+            log.exception("reaper batch failed", extra={"event": f"reaper.{self.result.reaper}.error"})
             if counts["error"] >= MAX_ERRORS:
                 raise
-        return False, None
+            return None
 
-    def step(self, outcome: str, transition: Callable[[], Any]) -> None:
-        """Run one row's transition and count ``outcome`` when it happened."""
-        if self.attempt(transition)[0]:
-            self.result.counts[outcome] += 1
+    def count(self, outcome: str, ids: list[uuid.UUID], moved: list[Any] | None) -> None:
+        """Count a batch: the rows it moved as ``outcome``, the rest of its selection as ``skipped``."""
+        if moved is not None:
+            self.result.counts[outcome] += len(moved)
+            self.result.counts["skipped"] += len(ids) - len(moved)
 
 
 def reset_expired_assignments(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: int = MAX_ROWS) -> SweepResult:
@@ -209,10 +210,12 @@ def reset_expired_assignments(*, now: datetime, batch_size: int = BATCH_SIZE, ma
 
     Keeping the pointer keeps the run out of dispatch while its runner may still
     boot (One Runner Per Run); the stub reaper or a deregister releases it.
+    The per-row form is ``services.run_reset_lease``; the lane does not change.
     """
+
     with _Sweep("expired_assignments", now) as sweep:
-        for run_id in _due(_EXPIRED_ASSIGNMENTS_SQL, {"now": now}, batch_size=batch_size, max_rows=max_rows):
-            sweep.step("reset", partial(services.run_reset_lease, run_id=run_id, now=now))
+        for ids in _due(_EXPIRED_ASSIGNMENTS_SQL, {"now": now}, batch_size=batch_size, max_rows=max_rows):
+            sweep.count("reset", ids, sweep.batch(partial(bulk.reset_leases, ids, now=now)))
     return sweep.result
 
 
@@ -221,12 +224,14 @@ def startup_deadline(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
 
     ``first_pending_at`` survives re-queue cycles, so the deadline counts from
     the run's original eligibility. The deployment fails and the lane moves on.
+    An assigned run qualifies only once its lease lapsed (``services.run_startup_timeout``'s guard).
     """
     deadline = now - timedelta(seconds=conf.get().runner_startup_deadline)
     params = {"now": now, "deadline": deadline}
     with _Sweep("startup_deadline", now) as sweep:
-        for run_id in _due(_STARTUP_DEADLINE_SQL, params, batch_size=batch_size, max_rows=max_rows):
-            sweep.step("timed_out", partial(services.run_startup_timeout, run_id=run_id, now=now))
+        for ids in _due(_STARTUP_DEADLINE_SQL, params, batch_size=batch_size, max_rows=max_rows):
+            work = partial(bulk.startup_timeouts, ids, now=now, deadline=deadline)
+            sweep.count("timed_out", ids, sweep.batch(work))
     return sweep.result
 
 
@@ -259,39 +264,121 @@ def inactive_runners(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
                 break
             after = batch.last
         params = {"silent_before": silent_before}
-        for runner_id in _due(_SILENT_RUNNERS_SQL, params, batch_size=batch_size, max_rows=max_rows):
-            _reap_silent_runner(sweep, runner_id, silent_before=silent_before, now=now)
+        # Pipelined: a batch's storage writes run while the previous batch is
+        # settled and the next one is failed, all database work on this thread.
+        pending: _LostBatch | None = None
+        for ids in _due(_SILENT_RUNNERS_SQL, params, batch_size=batch_size, max_rows=max_rows):
+            started = sweep.batch(partial(_fail_silent_runners, sweep, ids, silent_before=silent_before, now=now))
+            if pending is not None:
+                sweep.batch(partial(_settle_lost, sweep, pending, now=now))
+            pending = started
+        if pending is not None:
+            sweep.batch(partial(_settle_lost, sweep, pending, now=now))
     return sweep.result
 
 
-def _reap_silent_runner(sweep: _Sweep, runner_id: uuid.UUID, *, silent_before: datetime, now: datetime) -> None:
-    """Fail the silent runner's run, flush its live log, delete the runner: each step re-done by the next
-    sweep if this one stops half-way (the runner stays busy and silent until its row is deleted)."""
+# The batch's runners locked, each re-checked as still busy and silent on its
+# latest row version: a /status that refreshed last_seen_at since the selection
+# proves the runner alive, and one arriving now waits for this transaction and
+# then reads its run's new status (failure). SKIP LOCKED: a runner another
+# sweep is reaping is that sweep's. Runners are locked before stacks and runs,
+# the per-row path's order (``services.runner_fail_lost``).
+_LOCK_SILENT_SQL = """
+SELECT id, COALESCE(last_seen_at, accepted_at, created_at) FROM runner
+WHERE id = ANY(%(ids)s::uuid[]) AND status = 'busy'
+  AND COALESCE(last_seen_at, accepted_at, created_at) < %(silent_before)s
+ORDER BY id
+FOR UPDATE SKIP LOCKED
+"""
+
+# The run each runner accepted (a runner accepts one run in its life), on the
+# assigned_runner_id index: executing, or finished without a deregister.
+_ACCEPTED_RUNS_SQL = """
+SELECT DISTINCT ON (assigned_runner_id) assigned_runner_id, id, status FROM run
+WHERE assigned_runner_id = ANY(%(runners)s::uuid[]) AND started_at IS NOT NULL
+ORDER BY assigned_runner_id, started_at DESC
+"""
+
+# Deregister's own statement (``services.runner_deregister``) for a batch.
+_DELETE_RUNNERS_SQL = (
+    f"DELETE FROM runner r WHERE r.id = ANY(%(ids)s::uuid[]) AND NOT {holds_run_sql('r.id')} RETURNING r.id"
+)
+
+
+@dataclass
+class _LostBatch:
+    """A batch of silent runners whose runs are failed and whose live logs are being flushed."""
+
+    # Runners done with (their run finished: failed now, or before), and the run each accepted.
+    settled: list[uuid.UUID]
+    accepted: dict[uuid.UUID, uuid.UUID]
+    flush: PendingFlush
+
+
+def _fail_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: datetime, now: datetime) -> _LostBatch:
+    """Fail the runs of a batch of silent runners (one transaction), then start flushing their live logs.
+
+    Each step is re-done by the next sweep if this one stops half-way: a
+    runner stays busy and silent until its row is deleted, and its row is
+    deleted only once its run's log is safely in storage (:func:`_settle_lost`).
+    """
     counts = sweep.result.counts
-    done, lost = sweep.attempt(
-        lambda: services.runner_fail_lost(runner_id=runner_id, silent_before=silent_before, now=now)
-    )
-    if not done:
-        return
-    if lost is None:
-        counts["skipped"] += 1  # it checked in since the selection, or another sweep has it
-        return
-    if lost.failed:
-        counts["runner_lost"] += 1
-    if lost.run_id is not None:
-        try:
-            flush_live_log_seam(lost.run_id)
-        except Exception:
-            # The run is failed; the runner row stays, so the next sweep
-            # retries the flush before deleting it.
-            counts["flush_failed"] += 1
-            log.warning(
-                "live-log flush failed; retried next sweep",
-                exc_info=True,
-                extra={"event": "reaper.flush_failed", "run_id": str(lost.run_id), "runner_id": str(runner_id)},
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(_LOCK_SILENT_SQL, {"ids": ids, "silent_before": silent_before})
+            seen = dict(cur.fetchall())
+            cur.execute(_ACCEPTED_RUNS_SQL, {"runners": list(seen)})
+            accepted = {runner: (run, status) for runner, run, status in cur.fetchall()}
+        executing = [(runner, run) for runner, (run, status) in accepted.items() if status in EXECUTING]
+        moved: list[bulk.Moved] = []
+        if executing:
+            moved = bulk.terminate_batch(
+                [run for _, run in executing],
+                expected=EXECUTING,
+                target=RunStatus.FAILURE,
+                guard="TRUE",
+                event="runner_lost",
+                reasons=[
+                    f"runner lost: runner {runner} has not polled its run's status since {seen[runner].isoformat()}"
+                    for runner, _ in executing
+                ],
+                runners=[runner for runner, _ in executing],
+                now=now,
             )
-            return
-    sweep.step("runner_deleted", lambda: services.runner_deregister(runner_id=runner_id, now=now))
+    counts["runner_lost"] += len(moved)
+    failed_now = {m.id for m in moved}
+    # A runner whose run another transaction moved (or holds) meanwhile is left for the next sweep.
+    settled = [r for r in seen if r not in accepted or accepted[r][1] not in EXECUTING or accepted[r][0] in failed_now]
+    counts["skipped"] += len(ids) - len(settled)
+    runs = {r: accepted[r][0] for r in settled if r in accepted}
+    return _LostBatch(settled=settled, accepted=runs, flush=start_flush(list(runs.values())))
+
+
+def _settle_lost(sweep: _Sweep, batch: _LostBatch, *, now: datetime) -> None:
+    """Record a batch's flushed logs, then delete its runners, except those whose flush failed (kept for a retry)."""
+    counts = sweep.result.counts
+    # The runs' pointers to their runners are cleared with their manifests (one row version each).
+    flushed = batch.flush.finish(release={run: runner for runner, run in batch.accepted.items()})
+    if flushed.failed:
+        counts["flush_failed"] += len(flushed.failed)
+        log.warning(
+            "live-log flush failed for %d run(s); their runners are kept and retried next sweep",
+            len(flushed.failed),
+            extra={"event": "reaper.flush_failed", "run_ids": [str(run) for run in flushed.failed]},
+        )
+    deletable = [r for r in batch.settled if batch.accepted.get(r) not in flushed.failed]
+    deleted = _delete_runners(deletable, now=now)
+    counts["runner_deleted"] += len(deleted)
+    counts["skipped"] += len(deletable) - len(deleted)
+
+
+def _delete_runners(ids: Iterable[uuid.UUID], *, now: datetime) -> list[uuid.UUID]:
+    ids = list(ids)
+    if not ids:
+        return []
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_DELETE_RUNNERS_SQL, {"ids": ids, "now": now})
+        return [row[0] for row in cur.fetchall()]
 
 
 def cancellation_backstop(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: int = MAX_ROWS) -> SweepResult:
@@ -299,21 +386,34 @@ def cancellation_backstop(*, now: datetime, batch_size: int = BATCH_SIZE, max_ro
 
     No service creates this state any more; a run already in it would hold its
     stack's lane for ever (docs/design.md §6: a backstop, not a routine window).
+    The per-row form is ``services.run_cancel_backstop``.
     """
+    params = {"now": now}
     with _Sweep("cancellation_backstop", now) as sweep:
-        for run_id in _due(_CANCELLATION_BACKSTOP_SQL, {"now": now}, batch_size=batch_size, max_rows=max_rows):
-            sweep.step("cancelled", partial(services.run_cancel_backstop, run_id=run_id, now=now))
+        for ids in _due(_CANCELLATION_BACKSTOP_SQL, params, batch_size=batch_size, max_rows=max_rows):
+            work = partial(bulk.cancel_backstops, ids, now=now)
+            sweep.count("cancelled", ids, sweep.batch(work))
+    return sweep.result
+
+
+def retention(*, now: datetime, batch_size: int | None = None, max_rows: int | None = None) -> SweepResult:
+    """Finished runs past ``GANTRY_RETENTION_DAYS`` go, with their events, logs and live records (``retention``)."""
+    from gantry.reapers import retention as retention_reaper
+
+    with _Sweep("retention", now) as sweep:
+        retention_reaper.sweep(sweep.result.counts, sweep.batch, now=now, batch_size=batch_size, max_rows=max_rows)
     return sweep.result
 
 
 # The order ``reap`` runs them in (beat runs each as its own task): the stub
 # reaper frees runs whose lease was just reset; the startup deadline then
-# sees every run the others left.
+# sees every run the others left; retention comes last.
 REAPERS: dict[str, Callable[..., SweepResult]] = {
     "expired_assignments": reset_expired_assignments,
     "inactive_runners": inactive_runners,
     "startup_deadline": startup_deadline,
     "cancellation_backstop": cancellation_backstop,
+    "retention": retention,
 }
 
 
@@ -323,49 +423,28 @@ def reap(*, now: datetime, only: list[str] | None = None) -> list[SweepResult]:
 
 
 # --------------------------------------------------------------------------
-# Force-delete and the live-log seam
+# Force-delete
 # --------------------------------------------------------------------------
 
 
 def force_delete_runner(*, runner_id: uuid.UUID, by: User | None = None, now: datetime) -> uuid.UUID | None:
     """Force-delete a runner offline past the gate (``services.runner_force_delete``), then flush its run's live log.
 
-    The one entry point of the API and the admin action. The flush is a slow
-    side effect (log storage), so it runs after the service's transaction.
+    The one entry point of the API and the admin action, one row at a time
+    (an operator's action, not a sweep). The flush is a slow side effect (log
+    storage), so it runs after the service's transaction.
     """
     failed = services.runner_force_delete(runner_id=runner_id, by=by, now=now)
     metrics.record_reaped("force_delete", {"runner_deleted": 1, "run_failed": int(failed is not None)})
     if failed is not None:
         try:
-            flush_live_log_seam(failed)
+            flush_live_log(failed)
         except Exception:
-            # Nothing will retry this one (the runner row is gone): say so loudly.
+            # The runner row is gone, so no sweep retries this flush; the live
+            # record stays in Redis until its TTL and the reader still shows it.
             log.error(
                 "live-log flush after force-delete failed",
                 exc_info=True,
                 extra={"event": "reaper.force_delete.flush_failed", "run_id": str(failed)},
             )
     return failed
-
-
-def flush_live_log_seam(run_id: uuid.UUID) -> bool:
-    """Flush a lost run's live-log record to log storage as its final chunk; False when there is no log store.
-
-    The seam to the log store, ``gantry.logs.flush_live_log`` (the logs work,
-    issue 6). Where that module or function is absent this does nothing, and
-    the live-log record simply expires on its TTL. The function must be
-    idempotent (two racing sweeps may both call it; a call after the record is
-    gone does nothing) and may raise on a storage error, in which case the
-    sweep keeps the runner row and retries on the next tick.
-    """
-    try:
-        logs = importlib.import_module("gantry.logs")
-    except ModuleNotFoundError as exc:
-        if exc.name != "gantry.logs":
-            raise  # gantry.logs exists but is broken: that is a bug to see
-        return False
-    flush = getattr(logs, "flush_live_log", None)
-    if flush is None:
-        return False
-    flush(run_id)
-    return True

@@ -37,3 +37,8 @@ def inactive_runners() -> dict[str, int]:
 @shared_task(name="gantry.reapers.cancellation_backstop", ignore_result=True)
 def cancellation_backstop() -> dict[str, int]:
     return _run("cancellation_backstop")
+
+
+@shared_task(name="gantry.reapers.retention", ignore_result=True)
+def retention() -> dict[str, int]:
+    return _run("retention")

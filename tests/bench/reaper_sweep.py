@@ -2,7 +2,8 @@
 
 Usage (from the repository root, with the virtualenv)::
 
-    python -m tests.bench.reaper_sweep [--sizes 100000,1000000] [--due 0.001,0.01] [--batch-size 200]
+    python -m tests.bench.reaper_sweep [--sizes 100000,1000000] [--due 0.001,0.01] [--batch-size 500]
+    python -m tests.bench.reaper_sweep --sizes 1000000 --lost 10000   # a node dies with 10,000 runners
 
 The server comes from ``DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432``);
 the database is always ``--database`` (default ``gantry_bench_reap``), created
@@ -37,14 +38,23 @@ Then, after VACUUM ANALYZE:
 
 The largest case also prints EXPLAIN (ANALYZE, BUFFERS) of each reaper's first
 selection batch (in a rolled-back transaction).
+
+``--lost L`` loads instead L busy runners silent for two hours (their runs
+running, each with a live-log record in Redis and another run queued behind
+it on its stack) in a table of N runs, and times one tick of the inactive
+reaper with its default bounds: every run failed, every live log flushed to
+the local store (a temporary folder), every lane promoted, every runner row
+deleted, in one tick.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import os
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -77,7 +87,7 @@ _PLAN_SQL = """
 CREATE TEMP TABLE bench_plan ON COMMIT DROP AS
 SELECT g,
        CASE
-         WHEN g <= %(due)s THEN (ARRAY['expired','startup','lost','backstop','stub'])[1 + (g - 1) %% 5]
+         WHEN g <= %(due)s THEN (%(kinds)s::text[])[1 + (g - 1) %% cardinality(%(kinds)s::text[])]
          WHEN g <= %(due)s + %(bg)s THEN (ARRAY['bg_assigned','bg_pending','bg_running'])[1 + (g - 1) %% 3]
          ELSE 'done'
        END AS kind,
@@ -165,7 +175,7 @@ class Case:
     load_seconds: float
 
 
-def load(size: int, due_fraction: float) -> Case:
+def load(size: int, due_fraction: float, *, lost: int = 0) -> Case:
     from django.db import transaction
     from django.utils import timezone
 
@@ -175,7 +185,7 @@ def load(size: int, due_fraction: float) -> Case:
         "TRUNCATE run_event, run_token, run, runner, deployment, stack, run_selector, runner_group, organization "
         "CASCADE"
     )
-    due = round(size * due_fraction / len(CATEGORIES)) * len(CATEGORIES)
+    due = lost or round(size * due_fraction / len(CATEGORIES)) * len(CATEGORIES)
     background = 3 * BACKGROUND_PER_KIND
     org = Organization.objects.create(slug="bench", name="bench", runs_per_hour_limit=1_000_000)
     group = RunnerGroup.objects.create(organization=org, name="bench", max_concurrent_runs=2_000_000_000)
@@ -190,6 +200,7 @@ def load(size: int, due_fraction: float) -> Case:
         "group": group.id,
         "selector": selector.id,
         "now": now,
+        "kinds": ["lost"] if lost else list(CATEGORIES),
     }
     t0 = time.perf_counter()
     with transaction.atomic():
@@ -243,7 +254,7 @@ def select_only(now: datetime, batch_size: int) -> dict[str, tuple[int, float]]:
         t0 = time.perf_counter()
         n = 0
         for sql, params in statements:
-            n += sum(1 for _ in reapers._due(sql, params, batch_size=batch_size, max_rows=10**9))
+            n += sum(len(batch) for batch in reapers._due(sql, params, batch_size=batch_size, max_rows=10**9))
         out[name] = (n, time.perf_counter() - t0)
     return out
 
@@ -251,7 +262,7 @@ def select_only(now: datetime, batch_size: int) -> dict[str, tuple[int, float]]:
 def tick(now: datetime, batch_size: int) -> dict[str, Any]:
     from gantry.reapers import reapers
 
-    return {name: reaper(now=now, batch_size=batch_size, max_rows=10**9) for name, reaper in reapers.REAPERS.items()}
+    return {name: reapers.REAPERS[name](now=now, batch_size=batch_size, max_rows=10**9) for name in HANDLED}
 
 
 def explain(now: datetime, batch_size: int) -> None:
@@ -289,6 +300,64 @@ HANDLED = {
 DUE_FIFTHS = {"expired_assignments": 1, "inactive_runners": 2, "startup_deadline": 1, "cancellation_backstop": 1}
 
 
+# --------------------------------------------------------------------------- lost runners
+
+# A queued run behind each lost run, on its stack: the lane the reaper must promote.
+_QUEUE_BEHIND_SQL = """
+WITH l AS (
+    SELECT run.id, run.stack_id, run.organization_id, run.selector_id FROM run
+    JOIN runner ON runner.id = run.assigned_runner_id
+    WHERE run.status = 'running' AND runner.status = 'busy' AND runner.last_seen_at < %(now)s - interval '1 hour'
+),
+d AS (
+    INSERT INTO deployment (stack_id, status, created_by_id, spec, created_at, updated_at)
+    SELECT stack_id, 'queued', NULL, '{}'::jsonb, %(now)s, %(now)s FROM l
+    RETURNING id, stack_id
+)
+INSERT INTO run (id, organization_id, stack_id, deployment_id, attempt, status, runner_selector, selector_id,
+                 failure_reason, sealed_chunks, created_at, updated_at)
+SELECT gen_random_uuid(), l.organization_id, d.stack_id, d.id, 1, 'queued', '{}'::jsonb, l.selector_id, '', 0,
+       %(now)s, %(now)s
+FROM d JOIN l ON l.stack_id = d.stack_id
+RETURNING id
+"""
+
+
+def lost_tick(size: int, lost: int) -> dict[str, Any]:
+    """One tick of the inactive reaper (default bounds) over ``lost`` runners lost at once in ``size`` runs."""
+    from gantry.core.models import Run, Runner
+    from gantry.logs import live
+    from gantry.reapers import reapers
+
+    case = load(size, 0.0, lost=lost)
+    behind = execute(_QUEUE_BEHIND_SQL, {"now": case.now})
+    lost_runs = [row[0] for row in execute(
+        "SELECT run.id FROM run JOIN runner ON runner.id = run.assigned_runner_id "
+        "WHERE run.status = 'running' AND runner.last_seen_at < %s", [case.now - timedelta(hours=1)])]  # fmt: skip
+    assert len(lost_runs) == lost, len(lost_runs)
+    t0 = time.perf_counter()
+    data = gzip.compress(b"last words of a lost runner\n" * 40)
+    for run_id in lost_runs:
+        live.store(run_id, chunk_index=0, sealed_chunks=0, data=data)
+    print(f"  {len(behind):,} queued runs behind, live records in {time.perf_counter() - t0:.1f} s", flush=True)
+    execute("VACUUM (ANALYZE) run, runner, deployment")
+    t0 = time.perf_counter()
+    result = reapers.inactive_runners(now=case.now)
+    seconds = time.perf_counter() - t0
+    promoted = Run.objects.filter(id__in=[b[0] for b in behind], status="pending").count()
+    flushed = Run.objects.filter(status="failure", log_manifest__isnull=False).count()
+    busy_left = Runner.objects.filter(status="busy", last_seen_at__lt=case.now - timedelta(hours=1)).count()
+    return {
+        "size": size,
+        "lost": lost,
+        "seconds": seconds,
+        "counts": dict(result.counts),
+        "promoted": promoted,
+        "flushed": flushed,
+        "busy_left": busy_left,
+    }
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -296,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100000,1000000", help="run-table sizes (comma-separated)")
     parser.add_argument("--due", default="0.001,0.01", help="due fractions (comma-separated), e.g. 0.001,0.01,0.1")
-    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--lost", type=int, default=0, help="instead: this many runners lost at once, one tick")
     parser.add_argument("--database", default=DEFAULT_DATABASE)
     parser.add_argument("--no-explain", action="store_true")
     parser.add_argument("--load-only", action="store_true", help="load the first case and stop (to experiment)")
@@ -304,12 +374,29 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     fractions = [float(f) for f in args.due.split(",")]
 
+    os.environ.setdefault("GANTRY_LOG_DIR", tempfile.mkdtemp(prefix="gantry-bench-logs-"))
     _bootstrap(args.database)
-    from gantry.reapers import reapers
 
     load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     version = execute("SHOW server_version")[0][0]
     print(f"PostgreSQL {version}; cpus={os.cpu_count()}, load average {load_avg}; batch {args.batch_size}")
+
+    if args.lost:
+        for size in sizes:
+            r = lost_tick(size, args.lost)
+            c = r["counts"]
+            print(
+                f"\n{r['size']:,} runs, {r['lost']:,} runners lost at once: one tick in {r['seconds']:.2f} s "
+                f"({r['seconds'] * 1000 / r['lost']:.3f} ms per lost runner)"
+            )
+            print(
+                f"  runner_lost={c.get('runner_lost', 0):,} runner_deleted={c.get('runner_deleted', 0):,} "
+                f"skipped={c.get('skipped', 0)} flush_failed={c.get('flush_failed', 0)} error={c.get('error', 0)}; "
+                f"logs flushed {r['flushed']:,}, lanes promoted {r['promoted']:,}, lost runners left {r['busy_left']}"
+            )
+            ok = r["busy_left"] == 0 and c.get("runner_lost") == r["lost"] and r["seconds"] < 15
+            print(f"  target: all cleared in one tick of < 15 s: {'PASS' if ok else 'FAIL'}")  # fmt: skip
+        return 0
 
     rows = []
     largest = (max(sizes), max(fractions))
@@ -327,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             swept = tick(case.now, args.batch_size)
             total = time.perf_counter() - t0
-            for name in reapers.REAPERS:
+            for name in HANDLED:
                 r = swept[name]
                 due = case.due * DUE_FIFTHS[name] // len(CATEGORIES)
                 handled = sum(r.counts[k] for k in HANDLED[name])

@@ -50,6 +50,10 @@ def test_it_starts_with_the_defaults(tmp_path: Path) -> None:
         ({"GANTRY_REDIS_DB": "16"}, "GANTRY_REDIS_DB"),
         ({"GANTRY_SECRETS_KEYS": "not-a-fernet-key"}, "GANTRY_SECRETS_KEYS"),
         ({"GANTRY_RUNNER_FORCE_GATE": "60"}, "GANTRY_RUNNER_FORCE_GATE"),
+        ({"GANTRY_RETENTION_DAYS": "-1"}, "GANTRY_RETENTION_DAYS"),
+        ({"GANTRY_RETENTION_DAYS": "thirty"}, "GANTRY_RETENTION_DAYS"),
+        ({"GANTRY_RETENTION_DAYS": "100000"}, "GANTRY_RETENTION_DAYS"),
+        ({"GANTRY_RETENTION_BATCH_SIZE": "1000", "GANTRY_RETENTION_MAX_ROWS": "10"}, "GANTRY_RETENTION_MAX_ROWS"),
     ],
 )
 def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[str, str], named: str) -> None:

@@ -1,31 +1,43 @@
-"""Reaper fixtures: the live-log flush seam recorded instead of writing to storage."""
+"""Reaper fixtures: log storage in a folder of the test's own, and Redis left as the test found it.
+
+The reapers flush lost runs' live logs through the real ``gantry.logs``
+(Redis and the local store, or S3 on the moto server where a test asks for
+it); nothing of Gantry's own is stood in for.
+"""
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from django.test import override_settings
 
-import gantry.logs
-
-
-class FlushRecorder:
-    """Stands in for ``gantry.logs.flush_live_log``; can be told to fail."""
-
-    def __init__(self) -> None:
-        self.calls: list[uuid.UUID] = []
-        self.fail_next = 0
-
-    def __call__(self, run_id: uuid.UUID) -> bool:
-        self.calls.append(run_id)
-        if self.fail_next:
-            self.fail_next -= 1
-            raise OSError("log storage unavailable")
-        return True
+from gantry.core.models import Run
+from gantry.logs import live
+from gantry.logs.reader import INDEX_KEY
+from gantry.reapers import retention
+from gantry.redis import client as redis_client
 
 
-@pytest.fixture
-def flushed(monkeypatch: pytest.MonkeyPatch) -> FlushRecorder:
-    recorder = FlushRecorder()
-    monkeypatch.setattr(gantry.logs, "flush_live_log", recorder)
-    return recorder
+@pytest.fixture(autouse=True)
+def log_dir(tmp_path: Path) -> Iterator[Path]:
+    """Local log storage in the test's own folder (S3 off unless a test asks for it)."""
+    folder = tmp_path / "logs"
+    with override_settings(GANTRY_LOG_DIR=str(folder), GANTRY_S3_BUCKET=""):
+        yield folder
+
+
+@pytest.fixture(autouse=True)
+def redis_leftovers() -> Iterator[None]:
+    """The retention cursor starts afresh; the live records and chunk indexes of the test's runs are dropped."""
+    redis_client().delete(retention._cursor_key())
+    yield
+    redis_client().delete(retention._cursor_key())
+    try:
+        ids = list(Run.objects.values_list("id", flat=True))
+    except Exception:  # a test without database access
+        return
+    keys = [k.format(run_id=run_id) for run_id in ids for k in (live.KEY, INDEX_KEY)]
+    if keys:
+        redis_client().delete(*keys)

@@ -68,6 +68,12 @@ def status(run: Run) -> str:
     return reload(run).status
 
 
+def log_manifest(run: Run) -> dict[str, Any] | None:
+    """The run's log manifest: set once its log is in storage (by /done, or by a reaper's flush)."""
+    manifest: dict[str, Any] | None = Run.objects.values_list("log_manifest", flat=True).get(id=run.id)
+    return manifest
+
+
 def claimable(run: Run) -> bool:
     """Whether a poll could take ``run`` now: pending and bound to no live runner."""
     row = reload(run)

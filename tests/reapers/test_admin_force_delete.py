@@ -12,7 +12,6 @@ from gantry.core import services
 from gantry.core.models import Runner, RunnerGroup, RunStatus, Stack
 from tests.admin.helpers import messages_of, url
 
-from .conftest import FlushRecorder
 from .helpers import accepted, reload
 
 
@@ -29,9 +28,7 @@ def _force_delete(client: Client, *runner_ids: object) -> list[str]:
     return messages_of(response)
 
 
-def test_it_force_deletes_offline_runners_and_names_each_refusal(
-    owner: User, stack: Stack, group: RunnerGroup, flushed: FlushRecorder
-) -> None:
+def test_it_force_deletes_offline_runners_and_names_each_refusal(owner: User, stack: Stack, group: RunnerGroup) -> None:
     now = timezone.now()
     lost_run, lost = accepted(stack, group, now - timedelta(minutes=30))
     other = services.stack_create(org=stack.organization, name="other", labels=stack.labels, spec=stack.spec)

@@ -4,11 +4,14 @@ Each sweep runs in its own thread with its own database connection; the
 threads meet at a ``threading.Barrier`` so they overlap. ``sweeps`` runs the
 real reaper twice at once (the second beat, or a manual ``reap`` beside it);
 ``same_rows`` also hands both the same selection, so every row is attempted
-twice and only the services' guarded UPDATEs keep it to one transition.
+twice and only the set-based UPDATEs' guards (and their SKIP LOCKED) keep it
+to one transition. Lanes freed by the race are promoted once, and a lost
+run's live log is flushed to storage once.
 """
 
 from __future__ import annotations
 
+import gzip
 import threading
 import uuid
 from collections import Counter
@@ -21,12 +24,12 @@ from django.db import connection
 
 from gantry.core import services
 from gantry.core.models import Organization, Run, RunEvent, Runner, RunnerGroup, Stack
+from gantry.logs import live
 from gantry.reapers import reapers
 from gantry.reapers.reapers import SweepResult
 from tests.conftest import SPEC
 
-from .conftest import FlushRecorder
-from .helpers import T0, accepted, after, at, claim_at, deploy, stuck_in_requested_cancellation
+from .helpers import T0, accepted, after, at, claim_at, deploy, log_manifest, stuck_in_requested_cancellation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,11 +100,11 @@ class Mode:
         """In ``same_rows`` mode, select the due rows once, now, and hand both sweeps that selection."""
         if not self.same_rows:
             return
-        selection = list(reapers._due(sql, params, batch_size=reapers.BATCH_SIZE, max_rows=reapers.MAX_ROWS))
-        assert len(selection) == N
+        batches = list(reapers._due(sql, params, batch_size=reapers.BATCH_SIZE, max_rows=reapers.MAX_ROWS))
+        assert sum(len(batch) for batch in batches) == N
 
-        def same(sql: str, params: dict[str, Any], **kw: Any) -> Iterator[uuid.UUID]:
-            return iter(selection)
+        def same(sql: str, params: dict[str, Any], **kw: Any) -> Iterator[list[uuid.UUID]]:
+            return iter(batches)
 
         self._monkeypatch.setattr(reapers, "_due", same)
 
@@ -132,8 +135,10 @@ def test_it_resets_each_expired_assignment_once(org: Organization, big_group: Ru
     assert set(Run.objects.filter(id__in=[r.id for r in runs]).values_list("status", flat=True)) == {"pending"}
 
 
-def test_it_times_out_each_run_once(org: Organization, mode: Mode) -> None:
-    runs = [deploy(s, now=T0) for s in stacks(org)]
+def test_it_times_out_each_run_once_and_promotes_each_lane_once(org: Organization, mode: Mode) -> None:
+    lanes = stacks(org)
+    runs = [deploy(s, now=T0) for s in lanes]
+    queued = [deploy(s, now=at(1)) for s in lanes]
     now = after(T0, "runner_startup_deadline", 1)
     mode.prepare(reapers._STARTUP_DEADLINE_SQL, {"now": now, "deadline": _ago("runner_startup_deadline", now)})
 
@@ -141,6 +146,8 @@ def test_it_times_out_each_run_once(org: Organization, mode: Mode) -> None:
 
     assert total(results, "timed_out") == N
     one_event_each(runs, "startup_timeout")
+    one_event_each(queued, "promoted")
+    assert set(Run.objects.filter(id__in=[r.id for r in queued]).values_list("status", flat=True)) == {"pending"}
 
 
 def test_it_cancels_each_stuck_run_once(org: Organization, mode: Mode) -> None:
@@ -156,10 +163,10 @@ def test_it_cancels_each_stuck_run_once(org: Organization, mode: Mode) -> None:
     one_event_each(runs, "cancel_backstop")
 
 
-def test_it_reaps_each_inactive_runner_once(
-    org: Organization, big_group: RunnerGroup, mode: Mode, flushed: FlushRecorder
-) -> None:
+def test_it_reaps_each_inactive_runner_once(org: Organization, big_group: RunnerGroup, mode: Mode) -> None:
     lost = [accepted(s, big_group, T0) for s in stacks(org, prefix="busy")]
+    for run, _ in lost:
+        assert live.store(run.id, chunk_index=2, sealed_chunks=2, data=gzip.compress(f"tail of {run.id}".encode()))
     stubs = []
     for s in stacks(org, prefix="stub"):
         deploy(s, now=T0)
@@ -174,5 +181,11 @@ def test_it_reaps_each_inactive_runner_once(
     assert total(results, "runner_deleted") == N
     one_event_each([run for run, _ in lost], "runner_lost")
     assert not Runner.objects.exists()
-    assert set(flushed.calls) == {run.id for run, _ in lost}
+    for run, _ in lost:  # each live log flushed once, as chunk 2 of 3
+        manifest = log_manifest(run)
+        assert manifest is not None
+        assert manifest["count"] == 3
+        assert manifest["flushed_chunk"] == 2
+        assert manifest["sha256"][2] is not None  # the race's loser found the key taken and recorded nothing
+        assert live.get(run.id) is None
     assert RunnerGroup.objects.values_list("runner_count", flat=True).get(id=big_group.id) == 0

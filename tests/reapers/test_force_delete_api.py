@@ -11,8 +11,7 @@ from rest_framework.test import APIClient
 from gantry.core import services, tokens
 from gantry.core.models import Run, RunEvent, Runner, RunnerGroup, RunStatus, Stack
 
-from .conftest import FlushRecorder
-from .helpers import accepted, claim_at, claimable, deploy, reload, world
+from .helpers import accepted, claim_at, claimable, deploy, log_manifest, reload, world
 
 
 def _url(runner_id: uuid.UUID) -> str:
@@ -24,7 +23,7 @@ def _ago(minutes: float) -> datetime:
 
 
 def test_it_fails_the_run_promotes_at_once_and_deletes_the_runner(
-    owner_api: APIClient, stack: Stack, group: RunnerGroup, flushed: FlushRecorder
+    owner_api: APIClient, stack: Stack, group: RunnerGroup
 ) -> None:
     run, runner_id = accepted(stack, group, _ago(20))  # last seen at its accept, 20 minutes ago
     queued = deploy(stack, now=_ago(19))
@@ -38,13 +37,13 @@ def test_it_fails_the_run_promotes_at_once_and_deletes_the_runner(
     assert RunEvent.objects.filter(run=run, kind="force_deleted").count() == 1
     assert reload(queued).status == RunStatus.PENDING  # at once, not after the execution timeout
     assert not Runner.objects.filter(id=runner_id).exists()
-    assert flushed.calls == [run.id]
+    assert log_manifest(run) == {"count": 0, "sha256": [], "lost": True}  # flushed: it never pushed a line
 
 
 def test_it_refuses_before_the_gate_and_says_when_it_becomes_eligible(
-    owner_api: APIClient, stack: Stack, group: RunnerGroup, flushed: FlushRecorder
+    owner_api: APIClient, stack: Stack, group: RunnerGroup
 ) -> None:
-    _, runner_id = accepted(stack, group, _ago(1))
+    run, runner_id = accepted(stack, group, _ago(1))
     seen = Runner.objects.get(id=runner_id).last_seen_at
     assert seen is not None
     before = world()
@@ -60,7 +59,7 @@ def test_it_refuses_before_the_gate_and_says_when_it_becomes_eligible(
     assert f"from {eligible.isoformat()}" in body["detail"]
     assert "GANTRY_RUNNER_FORCE_GATE" in body["detail"]
     assert world() == before
-    assert flushed.calls == []
+    assert log_manifest(run) is None
 
 
 def test_it_counts_a_runner_that_never_polled_as_offline_since_its_creation(

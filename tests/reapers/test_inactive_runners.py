@@ -14,8 +14,7 @@ from gantry.logs import live
 from gantry.reapers.reapers import inactive_runners
 from tests.core.drive import deployment_status, new_runner
 
-from .conftest import FlushRecorder
-from .helpers import T0, accepted, after, at, claim_at, claimable, deploy, event_kinds, reload, world
+from .helpers import T0, accepted, after, at, claim_at, claimable, deploy, event_kinds, log_manifest, reload, world
 
 
 def _count(group: RunnerGroup) -> int:
@@ -95,9 +94,7 @@ def test_it_keeps_stubs_and_busy_runners_before_their_time(stack: Stack, group: 
 # ---------------------------------------------------------------- busy runners
 
 
-def test_it_fails_the_run_of_a_silent_busy_runner_and_deletes_it(
-    stack: Stack, group: RunnerGroup, flushed: FlushRecorder
-) -> None:
+def test_it_fails_the_run_of_a_silent_busy_runner_and_deletes_it(stack: Stack, group: RunnerGroup) -> None:
     run, runner_id = accepted(stack, group, T0)
     queued = deploy(stack, now=at(5))
     seen = at(60)
@@ -113,18 +110,18 @@ def test_it_fails_the_run_of_a_silent_busy_runner_and_deletes_it(
     assert deployment_status(row) == DeploymentStatus.FAILED
     assert event_kinds(run)[-1] == "runner_lost"
     assert reload(queued).status == RunStatus.PENDING  # the lane moved on
-    assert flushed.calls == [run.id]
+    assert log_manifest(run) == {"count": 0, "sha256": [], "lost": True}  # flushed: it never pushed a line
     assert not Runner.objects.filter(id=runner_id).exists()
     assert _count(group) == 0
 
 
-def test_it_spares_a_runner_that_keeps_polling(stack: Stack, group: RunnerGroup, flushed: FlushRecorder) -> None:
+def test_it_spares_a_runner_that_keeps_polling(stack: Stack, group: RunnerGroup) -> None:
     run, runner_id = accepted(stack, group, T0)
     services.runner_seen(runner_id=runner_id, run_id=run.id, now=at(minutes=200))
 
     assert inactive_runners(now=at(minutes=210)).acted == 0
     assert reload(run).status == RunStatus.RUNNING
-    assert flushed.calls == []
+    assert log_manifest(run) is None
 
 
 def test_it_rechecks_silence_on_the_locked_runner(stack: Stack, group: RunnerGroup) -> None:
@@ -136,9 +133,7 @@ def test_it_rechecks_silence_on_the_locked_runner(stack: Stack, group: RunnerGro
     assert reload(run).status == RunStatus.RUNNING
 
 
-def test_it_deletes_a_busy_runner_whose_run_finished_without_a_deregister(
-    stack: Stack, group: RunnerGroup, flushed: FlushRecorder
-) -> None:
+def test_it_deletes_a_busy_runner_whose_run_finished_without_a_deregister(stack: Stack, group: RunnerGroup) -> None:
     run, runner_id = accepted(stack, group, T0)
     services.run_finish(run_id=run.id, outcome="succeeded", exit_code=0, runner_id=runner_id, now=at(30))
     events = event_kinds(run)
@@ -151,30 +146,40 @@ def test_it_deletes_a_busy_runner_whose_run_finished_without_a_deregister(
     assert not Runner.objects.filter(id=runner_id).exists()
 
 
-def test_it_keeps_the_runner_for_the_next_sweep_when_the_flush_fails(
-    stack: Stack, group: RunnerGroup, flushed: FlushRecorder
+def test_it_keeps_the_runner_and_the_live_log_for_the_next_sweep_when_the_flush_fails(
+    stack: Stack, group: RunnerGroup, log_dir: Path, tmp_path: Path
 ) -> None:
     run, runner_id = accepted(stack, group, T0)
-    flushed.fail_next = 1
+    assert live.store(run.id, chunk_index=0, sealed_chunks=0, data=gzip.compress(b"last words"))
     later = after(T0, "runner_execution_timeout", 10)
+    broken = tmp_path / "not-a-folder"
+    broken.write_text("storage is down")  # the local store cannot make its folders under a file
 
-    first = inactive_runners(now=later)
+    with override_settings(GANTRY_LOG_DIR=str(broken)):
+        first = inactive_runners(now=later)
 
     assert (first.counts["runner_lost"], first.counts["flush_failed"], first.counts["runner_deleted"]) == (1, 1, 0)
     assert reload(run).status == RunStatus.FAILURE
     assert Runner.objects.filter(id=runner_id, status="busy").exists()
+    assert log_manifest(run) is None
+    assert live.get(run.id) is not None  # nothing lost: the record waits for the retry
 
     second = inactive_runners(now=later + timedelta(minutes=1))
 
     assert (second.counts["runner_lost"], second.counts["runner_deleted"]) == (0, 1)
-    assert flushed.calls == [run.id, run.id]
+    manifest = log_manifest(run)
+    assert manifest is not None
+    assert manifest["count"] == 1
+    assert manifest["flushed_chunk"] == 0
+    assert gzip.decompress((log_dir / f"runs/{run.id}/chunks/00000000.gz").read_bytes()) == b"last words"
+    assert live.get(run.id) is None
     assert event_kinds(run).count("runner_lost") == 1
 
 
 def test_it_flushes_the_live_log_to_storage_as_the_final_chunk(
     stack: Stack, group: RunnerGroup, tmp_path: Path
 ) -> None:
-    # The real seam, gantry.logs.flush_live_log, with local log storage.
+    # gantry.logs.flush_live_logs, with local log storage.
     run, _ = accepted(stack, group, T0)
     with override_settings(GANTRY_LOG_DIR=str(tmp_path), GANTRY_S3_BUCKET=""):
         assert live.store(run.id, chunk_index=0, sealed_chunks=0, data=gzip.compress(b"last words"))
@@ -187,7 +192,7 @@ def test_it_flushes_the_live_log_to_storage_as_the_final_chunk(
     assert live.get(run.id) is None
 
 
-def test_it_is_idempotent(stack: Stack, group: RunnerGroup, flushed: FlushRecorder) -> None:
+def test_it_is_idempotent(stack: Stack, group: RunnerGroup) -> None:
     deploy(stack, now=T0)
     claim_at(group, T0)
     other = services.stack_create(org=stack.organization, name="other", labels=stack.labels, spec=stack.spec)

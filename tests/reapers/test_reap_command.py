@@ -31,6 +31,7 @@ def test_it_runs_every_reaper_as_of_now_and_says_what_it_did(stack: Stack, group
         "inactive_runners",
         "startup_deadline",
         "cancellation_backstop",
+        "retention",
     ]
     assert lines[1].startswith("expired_assignments: reset=1 skipped=0 in ")
     assert reload(run).status == RunStatus.PENDING

@@ -40,8 +40,8 @@ from gantry.core.models import (
     RunStatus,
     RunToken,
 )
+from gantry.core.services import bulk
 from gantry.core.services.transitions import (
-    lease_lapsed_filter,
     refusal,
     resolve_now,
     sync_deployment,
@@ -86,18 +86,10 @@ def run_reset_lease(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
     while the first may still be booting toward /accept (One Runner Per Run).
     """
     now = resolve_now(now)
-    with transaction.atomic():
-        return transition(
-            run_id,
-            expected={RunStatus.ASSIGNED},
-            target=RunStatus.PENDING,
-            now=now,
-            event="lease_expired",
-            extra_filter={"assigned_expires_at__lt": now},
-            guard="its assignment lease to have lapsed",
-            assigned_at=None,
-            assigned_expires_at=None,
-        )
+    # The reaper's set-based transition (gantry.core.services.bulk), for one run.
+    if not bulk.reset_leases([run_id], now=now, skip_locked=False):
+        raise refusal(run_id, RunStatus.PENDING, {RunStatus.ASSIGNED}, bulk.RESET_LEASE_GUARD)
+    return Run.objects.get(id=run_id)
 
 
 def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None = None) -> tuple[Run, str]:
@@ -313,16 +305,12 @@ def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Ru
     that accept. The caller (the startup-deadline reaper) judges the deadline.
     """
     now = resolve_now(now)
-    return terminate(
-        run_id,
-        expected={RunStatus.PENDING, RunStatus.ASSIGNED},
-        target=RunStatus.STARTUP_TIMEOUT,
-        now=now,
-        event="startup_timeout",
-        extra_filter={"started_at__isnull": True, **lease_lapsed_filter(run_id, now)},
-        guard="a never-started run whose assignment lease has lapsed",
-        failure_reason="no runner started the run before the startup deadline",
-    )
+    # The reaper's set-based transition (gantry.core.services.bulk), for one run.
+    if not bulk.startup_timeouts([run_id], now=now, skip_locked=False):
+        raise refusal(
+            run_id, RunStatus.STARTUP_TIMEOUT, {RunStatus.PENDING, RunStatus.ASSIGNED}, bulk.NEVER_STARTED_GUARD
+        )
+    return Run.objects.get(id=run_id)
 
 
 def run_request_cancellation(*, run_id: uuid.UUID, by: User | None = None, now: datetime | None = None) -> Run:
@@ -400,13 +388,7 @@ def run_cancel_backstop(*, run_id: uuid.UUID, now: datetime | None = None) -> Ru
     lapsed lease so it never races an /accept still in flight.
     """
     now = resolve_now(now)
-    return terminate(
-        run_id,
-        expected={RunStatus.REQUESTED_CANCELLATION},
-        target=RunStatus.CANCELLED,
-        now=now,
-        event="cancel_backstop",
-        detail={"reason": "cancellation was requested before the run started; no runner will acknowledge it"},
-        extra_filter={"started_at__isnull": True, **lease_lapsed_filter(run_id, now)},
-        guard="a never-started run whose assignment lease has lapsed",
-    )
+    # The reaper's set-based transition (gantry.core.services.bulk), for one run.
+    if not bulk.cancel_backstops([run_id], now=now, skip_locked=False):
+        raise refusal(run_id, RunStatus.CANCELLED, {RunStatus.REQUESTED_CANCELLATION}, bulk.NEVER_STARTED_GUARD)
+    return Run.objects.get(id=run_id)

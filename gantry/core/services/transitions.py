@@ -25,8 +25,7 @@ from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Exists, F
-from django.db.models.functions import Coalesce
+from django.db.models import Exists
 from django.utils import timezone
 
 from gantry import metrics
@@ -43,6 +42,7 @@ from gantry.core.models import (
     RunToken,
     Stack,
 )
+from gantry.core.services import bulk
 
 NOTIFY_CHANNEL = "gantry_claimable"
 
@@ -180,23 +180,11 @@ def stack_promote_next(*, stack_id: int, now: datetime | None = None) -> Run | N
 
     Called inside the transaction that freed the lane, with the stack locked.
     ``first_pending_at`` is stamped the first time only: the startup deadline
-    counts from a run's original eligibility.
+    counts from a run's original eligibility. One statement, the reapers' own
+    (``bulk.promote_lanes``), for one stack.
     """
-    now = resolve_now(now)
-    if Run.objects.filter(stack_id=stack_id, status__in=sorted(LANE_HOLDERS)).exists():
-        return None
-    nxt = Run.objects.filter(stack_id=stack_id, status=RunStatus.QUEUED).order_by("created_at", "id").first()
-    if nxt is None:
-        return None
-    run = transition(
-        nxt.id,
-        expected={RunStatus.QUEUED},
-        target=RunStatus.PENDING,
-        now=now,
-        event="promoted",
-        first_pending_at=Coalesce(F("first_pending_at"), now),
-    )
-    return run
+    promoted = bulk.promote_lanes([stack_id], now=resolve_now(now))
+    return Run.objects.get(id=promoted[0]) if promoted else None
 
 
 def terminate(
@@ -244,15 +232,3 @@ def _record_finished(run: Run) -> None:
     if run.first_pending_at is not None and run.finished_at is not None:  # a run skipped while queued never pended
         timings["pending_to_finished"] = (run.finished_at - run.first_pending_at).total_seconds()
     metrics.record_run(organization_id=run.organization_id, timings=timings, finished=run.status)
-
-
-def lease_lapsed_filter(run_id: uuid.UUID, now: datetime) -> dict[str, Any]:
-    """The guard "no runner can still accept this run", as filter arguments for a guarded UPDATE.
-
-    A lease has lapsed when there is none (pending runs never carry one) or it is
-    past expiry. Filter arguments cannot say OR, so the run's current lease picks
-    the form; if the lease changes between this read and the UPDATE (the run was
-    claimed meanwhile), the UPDATE matches nothing and the transition is refused.
-    """
-    expires = Run.objects.filter(id=run_id).values_list("assigned_expires_at", flat=True).first()
-    return {"assigned_expires_at__isnull": True} if expires is None else {"assigned_expires_at__lt": now}

@@ -1,0 +1,201 @@
+"""Retention: finished runs past ``GANTRY_RETENTION_DAYS`` go, with their events, log chunks and live records.
+
+What is removed, and what is kept (docs/reapers.md, "Retention"):
+
+- A run is removed once it is terminal, finished more than
+  ``GANTRY_RETENTION_DAYS`` ago, and is **not** its deployment's newest
+  attempt. With it go its run_events, its run token, its log chunks in
+  storage (S3 or the local folder) and its Redis records (the live record and
+  the reader's chunk index).
+- Never removed: a run that is not terminal, and a deployment's newest run
+  (so the deployment keeps its final status and its last run's record). The
+  deployments themselves are kept. ``GANTRY_RETENTION_DAYS=0`` keeps
+  everything for ever.
+
+Bounded per tick: the scan walks the partial index run_finished_idx
+(migration 0015) in (finished_at, id) order, ``batch_size`` runs per
+transaction and at most ``max_rows`` examined per tick, whether deleted or
+kept. Kept runs (newest attempts) past the cut-off would otherwise be
+re-read on every tick; a cursor in Redis remembers where the last tick
+stopped, and the walk starts over from the oldest once it reaches the
+cut-off, so a run superseded later (a retry of an old deployment) is found on
+the next pass. A lost cursor only costs a walk from the start, still bounded.
+
+Storage is deleted after the rows, through an outbox: each batch deletes the
+runs and inserts their ids into ``log_purge`` in one transaction; after
+commit the objects are deleted (S3 DeleteObjects, up to 1,000 keys a
+request), then the Redis records, then the outbox rows. So no run row ever
+names a chunk that is gone (the reader never shows a half-deleted log), and
+a storage failure or a crash mid-way leaves outbox rows that every tick
+retries first: no chunk is orphaned for ever. Deleting objects first would
+instead leave visible runs with missing chunks whenever a delete failed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any, TypeVar
+
+import redis
+from django.db import connection, connections, transaction
+
+from gantry import conf
+from gantry.core.models import TERMINAL
+from gantry.core.services.bulk import literals
+from gantry.logs import live
+from gantry.logs.reader import INDEX_KEY
+from gantry.logs.storage import get_storage
+from gantry.redis import client as redis_client
+
+_T = TypeVar("_T")
+Batch = Callable[[Callable[[], _T]], _T | None]
+
+_BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+
+# The next finished runs in (finished_at, id) order, straight off run_finished_idx.
+_SCAN_SQL = """
+SELECT finished_at, id FROM run
+WHERE finished_at IS NOT NULL AND finished_at < %(cutoff)s
+  AND (finished_at, id) > (%(after_key)s, %(after_id)s)
+ORDER BY finished_at, id
+LIMIT %(limit)s
+"""
+
+# One batch: of the scanned ids, the terminal runs past the cut-off that are
+# not their deployment's newest attempt are locked (SKIP LOCKED: nothing else
+# should hold a finished run, and if something does it waits for the next
+# pass) and deleted with their events and token; the outbox gets the ones
+# that may have stored chunks or live records (those that ever started).
+_DELETE_SQL = f"""
+WITH doomed AS (
+    SELECT run.id, run.started_at FROM run
+    WHERE run.id = ANY(%(ids)s::uuid[]) AND run.status IN ({literals(TERMINAL)})
+      AND run.finished_at < %(cutoff)s
+      AND EXISTS (SELECT 1 FROM run newer
+                  WHERE newer.deployment_id = run.deployment_id AND newer.attempt > run.attempt)
+    FOR UPDATE OF run SKIP LOCKED
+),
+events AS (DELETE FROM run_event WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+tokens AS (DELETE FROM run_token WHERE run_id IN (SELECT id FROM doomed)),
+purge AS (
+    INSERT INTO log_purge (run_id, queued_at)
+    SELECT id, %(now)s FROM doomed WHERE started_at IS NOT NULL
+    ON CONFLICT (run_id) DO NOTHING
+),
+gone AS (DELETE FROM run WHERE id IN (SELECT id FROM doomed) RETURNING id)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM events)
+"""
+
+
+def _cursor_key() -> str:
+    return f"gantry:retention:{connections['default'].settings_dict['NAME']}:cursor"
+
+
+def _load_cursor() -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = redis_client().get(_cursor_key())
+    except (redis.RedisError, OSError):
+        return _BEFORE_ALL
+    if not isinstance(raw, bytes):
+        return _BEFORE_ALL
+    try:
+        key, _, run_id = raw.decode().partition("|")
+        return datetime.fromisoformat(key), uuid.UUID(run_id)
+    except ValueError:
+        return _BEFORE_ALL
+
+
+def _save_cursor(after: tuple[datetime, uuid.UUID] | None) -> None:
+    try:
+        if after is None:
+            redis_client().delete(_cursor_key())
+        else:
+            redis_client().set(_cursor_key(), f"{after[0].isoformat()}|{after[1]}", ex=7 * 24 * 3600)
+    except (redis.RedisError, OSError):
+        pass  # best-effort: the next tick walks from the oldest
+
+
+def sweep(
+    counts: Counter[str],
+    batch: Batch[Any],
+    *,
+    now: datetime,
+    batch_size: int | None = None,
+    max_rows: int | None = None,
+) -> None:
+    """One tick: purge what earlier ticks left, then delete the next runs past retention (``reapers.retention``)."""
+    cfg = conf.get()
+    batch_size = batch_size or cfg.retention_batch_size
+    max_rows = max_rows or cfg.retention_max_rows
+    purge_pending(counts, batch, batch_size=batch_size, max_rows=max_rows)
+    if cfg.retention_days == 0:
+        return  # keep for ever
+    cutoff = now - timedelta(days=cfg.retention_days)
+    after, examined = _load_cursor(), 0
+    while examined < max_rows:
+        limit = min(batch_size, max_rows - examined)
+        with connection.cursor() as cur:
+            cur.execute(_SCAN_SQL, {"cutoff": cutoff, "after_key": after[0], "after_id": after[1], "limit": limit})
+            rows = cur.fetchall()
+        examined += len(rows)
+        if rows:
+            ids = [row_id for _, row_id in rows]
+            if batch(partial(_delete, ids, counts, cutoff=cutoff, now=now)) is None:
+                break  # an error: the cursor stays, the next tick retries this batch
+            after = rows[-1]
+        if len(rows) < limit:
+            after = _BEFORE_ALL  # reached the cut-off: the next pass starts from the oldest
+            break
+    _save_cursor(None if after == _BEFORE_ALL else after)
+
+
+def _delete(ids: list[uuid.UUID], counts: Counter[str], *, cutoff: datetime, now: datetime) -> bool:
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_DELETE_SQL, {"ids": ids, "cutoff": cutoff, "now": now})
+        runs, events = cur.fetchone()
+    counts["run_deleted"] += runs
+    counts["event_deleted"] += events
+    # After commit: the objects of what this batch deleted (and anything left before it).
+    if runs:
+        purge_pending(counts, lambda work: work(), batch_size=len(ids), max_rows=len(ids))
+    return True
+
+
+def purge_pending(counts: Counter[str], batch: Batch[Any], *, batch_size: int, max_rows: int) -> None:
+    """Delete the stored chunks and Redis records of runs in the outbox, oldest first, then their outbox rows.
+
+    A run whose storage delete fails keeps its outbox row (``purge_failed``)
+    and is retried on the next tick; the rest of the batch goes on.
+    """
+    done = 0
+    while done < max_rows:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT run_id FROM log_purge ORDER BY queued_at, run_id LIMIT %s", [min(batch_size, max_rows - done)]
+            )
+            ids = [row[0] for row in cur.fetchall()]
+        if not ids:
+            return
+        outcome = batch(partial(_purge, ids))
+        if outcome is None:
+            return
+        purged, failed = outcome
+        counts["log_purged"] += purged
+        counts["purge_failed"] += failed
+        done += len(ids)
+        if failed:
+            return  # storage is failing: leave the rest for the next tick
+
+
+def _purge(ids: list[uuid.UUID]) -> tuple[int, int]:
+    failed = get_storage().delete_runs(ids)
+    ok = [run_id for run_id in ids if run_id not in failed]
+    # The live record expires on its own; the reader's chunk index would outlive the run for a week.
+    live.delete_many(ok, *(INDEX_KEY.format(run_id=run_id) for run_id in ok))
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM log_purge WHERE run_id = ANY(%s::uuid[])", [ok])
+    return len(ok), len(failed)
