@@ -13,7 +13,7 @@ What is removed, and what is kept (docs/reapers.md, "Retention"):
   everything for ever.
 
 Bounded per tick: the scan walks the partial index run_finished_idx
-(migration 0015) in (finished_at, id) order, ``batch_size`` runs per
+(migration 0014) in (finished_at, id) order, ``batch_size`` runs per
 transaction and at most ``max_rows`` examined per tick, whether deleted or
 kept. Kept runs (newest attempts) past the cut-off would otherwise be
 re-read on every tick; a cursor in Redis remembers where the last tick
