@@ -58,6 +58,9 @@ class ClaimableListener:
         self._total = 0  # every notification, of any org (the backend dispatcher waits on it)
         self._ready = threading.Event()
         self._stop = threading.Event()
+        # Callbacks (org id, or None after a reconnect) run on this thread: the
+        # ASGI poll hands each notification to its event loop (gantry.dispatch.asyncpoll).
+        self._subscribers: list[Callable[[int | None], None]] = []
         self._thread = threading.Thread(target=self._run, name="gantry-listen", daemon=True)
         self._thread.start()
 
@@ -83,6 +86,18 @@ class ClaimableListener:
                 lambda: (self._epoch, self._total) != seen or (stop is not None and stop.is_set()), timeout
             )
 
+    def subscribe(self, callback: Callable[[int | None], None]) -> None:
+        """Call ``callback(org_id)`` for each notification, ``callback(None)`` when some may have been lost."""
+        # Sent before LISTEN is in place is lost: callback(None) follows every (re)connect.
+        self._subscribers.append(callback)
+
+    def _tell(self, org_id: int | None) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(org_id)
+            except Exception:
+                log.exception("long-poll subscriber failed", extra={"event": "longpoll.subscriber_error"})
+
     def wake_all(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -107,6 +122,7 @@ class ClaimableListener:
                         self._epoch += 1
                         self._cond.notify_all()
                     self._ready.set()
+                    self._tell(None)
                     backoff = 0.5
                     while not self._stop.is_set():
                         # A bounded wait only so close() is noticed; notifications
@@ -138,6 +154,7 @@ class ClaimableListener:
             self._generation[org_id] += 1
             self._total += 1
             self._cond.notify_all()
+        self._tell(org_id)
 
 
 _listener: ClaimableListener | None = None
@@ -173,9 +190,23 @@ def stop_listener() -> None:
         _shutting_down.clear()
 
 
+# Called by begin_shutdown (in a signal handler: each must take no lock); the ASGI hub adds one.
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    _shutdown_hooks.append(hook)
+
+
+def shutting_down() -> bool:
+    return _shutting_down.is_set()
+
+
 def begin_shutdown() -> None:
     """The server is stopping: parked polls answer now, and new polls do not park."""
     _shutting_down.set()
+    for hook in list(_shutdown_hooks):
+        hook()
     # No _listener_lock: this runs in a signal handler, which must never wait
     # on a lock its own thread may hold. Reading the reference is atomic.
     current = _listener
@@ -203,6 +234,10 @@ def shutdown_on(signum: int) -> None:
         begin_shutdown()
         if callable(previous):
             previous(sig, frame)
+        elif previous == signal.SIG_DFL:
+            # Nobody handled it before us: do what the default would (end the process).
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
 
     signal.signal(signum, handler)
 

@@ -1,0 +1,331 @@
+"""Parked long polls on an event loop: no thread and no database connection while parked.
+
+Under the ASGI server (``gantry.asgi``) a poll runs in three steps:
+
+1. The ordinary Django view (``PollView``), called in a thread of a small
+   pool, authenticates, validates and tries the claim once, exactly as under
+   WSGI. When it finds nothing and ``wait`` allows, it does not wait: it leaves
+   a :class:`Deferred` in the request's environ (the group, the org, the wait)
+   and answers its 204, which the event loop keeps for the deadline.
+2. The event loop parks the poll in the :class:`Hub`: a future in a per-org
+   FIFO, holding no thread and no database connection.
+3. A wake re-runs the view in the pool, one claim attempt; its answer is sent
+   (a run won, or a throttle's 204), or the poll parks again where it was.
+
+Who is woken (the issue's "as many as new runs can satisfy, not all"): a
+``gantry_claimable`` NOTIFY (payload: the org id; the triggers of migration
+0004, one message per org per transaction) wakes *one* idle waiter of that
+org, the oldest. After any attempt, won or empty, one cheap query
+(:func:`claimable_counts`: which groups with parked polls could claim now, and
+about how many runs) decides whether to pass the wake on, and to how many
+waiters of which groups: so a run another group must serve reaches that group,
+and a transaction that made many runs claimable (one NOTIFY) wakes as many
+waiters as it has runs, without any waiter trying a claim that cannot win.
+
+A NOTIFY that arrives while no waiter of its org is idle (all in an attempt)
+is kept as a *credit* for a few seconds: an attempt that began before it and
+found nothing uses it to try once more instead of parking past the run.
+
+A lost NOTIFY (the listener reconnecting; the listener then asks for a sweep at
+once) is bounded by the sweep: every ``RECHECK_SECONDS`` (jittered) the same
+query runs over every group with parked polls and wakes only where a claim can
+win. A sweep with nothing claimable costs one query per process, no claim.
+
+On SIGTERM (:func:`gantry.dispatch.longpoll.begin_shutdown`) every parked poll
+is answered its 204 at once and new polls do not park.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+from prometheus_client import Counter, Gauge
+
+from gantry.dispatch import longpoll
+
+log = logging.getLogger("gantry.asyncpoll")
+
+# The environ key PollView looks for (set by gantry.asgi on the poll route only).
+ENVIRON_KEY = "gantry.poll.deferred"
+
+# Upper bound on how late a lost notification can make a parked poll (plus jitter).
+RECHECK_SECONDS = float(os.environ.get("GANTRY_POLL_RECHECK_SECONDS") or 5.0)
+# How long a NOTIFY nobody was idle to take stays usable by an attempt that overlapped it.
+CREDIT_SECONDS = 5.0
+# Cap of the run estimate per group (the query reads no further).
+ESTIMATE_CAP = 64
+
+CLAIM_ATTEMPTS = Counter(
+    "gantry_poll_claim_attempts_total",
+    "Claim attempts made by runner-group polls in this process (first attempts and wakes).",
+)
+PARKED = Gauge("gantry_poll_parked", "Long polls parked on this process's event loop (no thread, no connection).")
+
+
+@dataclass
+class Deferred:
+    """What the view leaves for the event loop: set by the view, read by gantry.asgi."""
+
+    retry: bool = False  # a wake: one attempt, never park
+    group_id: int | None = None
+    org_id: int | None = None
+    wait: float = 0.0
+    empty: bool = False  # the attempt found nothing and the poll may park
+
+    def attempt(self, *, group: Any, wait: float, claim: Callable[[], Any]) -> Any:
+        """One claim attempt (the view's); on nothing, mark the poll parkable instead of waiting."""
+        CLAIM_ATTEMPTS.inc()
+        result = claim()
+        if result is None and wait > 0 and not longpoll.shutting_down():
+            self.group_id, self.org_id, self.wait, self.empty = group.id, group.organization_id, wait, True
+        return result
+
+
+def deferred_of(meta: Any) -> Deferred | None:
+    value = meta.get(ENVIRON_KEY)
+    return value if isinstance(value, Deferred) else None
+
+
+# ---------------------------------------------------------------- what could claim now
+
+_CLAIMABLE_SQL = f"""
+SELECT g.id, g.organization_id,
+       LEAST(g.max_concurrent_runs - g.runner_count, (
+           SELECT count(*) FROM (
+               SELECT 1 FROM run_selector s CROSS JOIN LATERAL (
+                   SELECT 1 FROM run r
+                   WHERE r.organization_id = s.organization_id AND r.selector_id = s.id
+                     AND r.status = 'pending' AND r.assigned_runner_id IS NULL
+                   LIMIT {ESTIMATE_CAP}
+               ) x
+               WHERE s.organization_id = g.organization_id AND s.selector <@ g.labels
+                 AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL
+                      OR o.default_runner_group_id = g.id)
+               LIMIT {ESTIMATE_CAP}
+           ) y
+       ))
+FROM runner_group g JOIN organization o ON o.id = g.organization_id
+WHERE g.id = ANY(%s) AND NOT g.drained AND g.runner_count < g.max_concurrent_runs
+  AND (o.dispatch_throttled_until IS NULL OR o.dispatch_throttled_until <= now())
+"""
+
+
+def claimable_counts(group_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """{group id: (org id, about how many runs it could claim now)} for the groups that could claim one.
+
+    The claim's own eligibility (drain, capacity, selector containment, the
+    org's default group, the pending-run index), read without locking
+    anything. The same partial index as the claim, at most ESTIMATE_CAP rows
+    per selector. Called in a pool thread; the connection goes back at once.
+    """
+    if not group_ids:
+        return {}
+    try:
+        with connection.cursor() as cur:
+            cur.execute(_CLAIMABLE_SQL, [group_ids])
+            rows = cur.fetchall()
+    finally:
+        connection.close()  # back to the pool: nothing parks holding it
+    return {gid: (org, int(n)) for gid, org, n in rows if n and n > 0}
+
+
+# ---------------------------------------------------------------- the waiters
+
+
+@dataclass(eq=False)
+class Waiter:
+    group_id: int
+    org_id: int
+    deadline: float
+    seq: int
+    future: asyncio.Future[str] = field(repr=False)
+    busy: bool = False  # in an attempt (not parked)
+
+
+WAKE, SHUTDOWN = "wake", "shutdown"
+
+
+class Hub:
+    """The event loop's parked polls; every method runs on the loop's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, check: Callable[[list[int]], Any]) -> None:
+        self.loop = loop
+        # check(group_ids) -> awaitable of claimable_counts(...): in the pool (gantry.asgi supplies it).
+        self._check = check
+        self._orgs: dict[int, dict[int, Waiter]] = {}  # org -> {seq: waiter}, in park order (FIFO)
+        self._credits: dict[int, deque[float]] = {}  # org -> monotonic times of NOTIFYs nobody took
+        self._notified: dict[int, int] = {}  # org -> sequence number of its last NOTIFY
+        self._seq = itertools.count(1)
+        self._note_seq = 0
+        self._checking: set[int] = set()  # orgs with a hand-off query in flight (None: a sweep)
+        self._sweep_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ---- notifications (scheduled onto the loop by the listener thread)
+
+    def notify_threadsafe(self, org_id: int | None) -> None:
+        """The listener thread's callback: None means "anything may have been missed" (a reconnect)."""
+        try:
+            self.loop.call_soon_threadsafe(self._on_notify, org_id)
+        except RuntimeError:
+            pass  # the loop is closed: the server is gone
+
+    def shutdown_threadsafe(self) -> None:
+        """Safe in a signal handler: no lock is taken."""
+        try:
+            self.loop.call_soon_threadsafe(self.shutdown)
+        except RuntimeError:
+            pass
+
+    def mark(self) -> int:
+        """The notification sequence number now: an attempt reads it before it starts."""
+        return self._note_seq
+
+    def _on_notify(self, org_id: int | None) -> None:
+        if org_id is None:
+            self._spawn(self._sweep_once())
+            return
+        self._note_seq += 1
+        self._notified[org_id] = self._note_seq
+        if not self._wake_oldest(org_id):
+            credits = self._credits.setdefault(org_id, deque(maxlen=ESTIMATE_CAP))
+            credits.append(time.monotonic())
+
+    # ---- parking
+
+    def waiter(self, *, group_id: int, org_id: int, deadline: float) -> Waiter:
+        w = Waiter(group_id, org_id, deadline, next(self._seq), self.loop.create_future(), busy=True)
+        self._orgs.setdefault(org_id, {})[w.seq] = w
+        PARKED.inc()
+        return w
+
+    def should_retry(self, w: Waiter, mark: int) -> bool:
+        """After an empty attempt begun at ``mark``: did a NOTIFY nobody took arrive meanwhile? Uses it."""
+        if self._notified.get(w.org_id, 0) <= mark:
+            return False
+        credits = self._credits.get(w.org_id)
+        now = time.monotonic()
+        while credits and credits[0] < now - CREDIT_SECONDS:
+            credits.popleft()
+        if credits:
+            credits.popleft()
+            return True
+        return False
+
+    def park(self, w: Waiter) -> asyncio.Future[str]:
+        """Back to idle in its place in the FIFO; the future resolves with WAKE or SHUTDOWN."""
+        w.busy = False
+        if w.future.done():
+            w.future = self.loop.create_future()
+        if self._closed:
+            w.future.set_result(SHUTDOWN)
+        self._ensure_sweeper()
+        return w.future
+
+    def begin_attempt(self, w: Waiter) -> None:
+        w.busy = True
+
+    def remove(self, w: Waiter) -> None:
+        waiters = self._orgs.get(w.org_id)
+        if waiters is not None and waiters.pop(w.seq, None) is not None:
+            PARKED.dec()
+            if not waiters:
+                del self._orgs[w.org_id]
+                self._credits.pop(w.org_id, None)
+
+    # ---- waking
+
+    def _idle(self, org_id: int) -> list[Waiter]:
+        return [w for w in self._orgs.get(org_id, {}).values() if not w.busy and not w.future.done()]
+
+    def _wake(self, w: Waiter) -> None:
+        w.busy = True
+        w.future.set_result(WAKE)
+
+    def _wake_oldest(self, org_id: int) -> bool:
+        idle = self._idle(org_id)
+        if not idle:
+            return False
+        self._wake(idle[0])
+        return True
+
+    def after_attempt(self, w: Waiter) -> None:
+        """An attempt ended (won, empty or answered otherwise): pass the wake on where a run may be claimable."""
+        if self._closed or w.org_id in self._checking:
+            return  # the query in flight will see this attempt's outcome too
+        if self._idle(w.org_id):
+            self._checking.add(w.org_id)
+            self._spawn(self._hand_off([w.org_id]))
+
+    async def _hand_off(self, orgs: list[int]) -> None:
+        try:
+            groups = sorted({w.group_id for org in orgs for w in self._idle(org)})
+            counts = await self._check(groups) if groups else {}
+        except Exception:
+            log.exception("long-poll hand-off query failed", extra={"event": "longpoll.handoff_error"})
+            counts = {}
+        finally:
+            self._checking.difference_update(orgs)
+        for org in orgs:
+            self._grant(org, {g: n for g, (o, n) in counts.items() if o == org})
+
+    def _grant(self, org_id: int, runs: dict[int, int]) -> None:
+        """Wake, oldest first, as many idle waiters as the estimate says can win, per group and in all."""
+        if not runs:
+            return
+        busy = sum(1 for w in self._orgs.get(org_id, {}).values() if w.busy)
+        # Groups of one org share runs: the largest group estimate bounds the distinct runs.
+        budget = max(runs.values()) - busy
+        for w in self._idle(org_id):
+            if budget <= 0:
+                break
+            if runs.get(w.group_id, 0) > 0:
+                runs[w.group_id] -= 1
+                budget -= 1
+                self._wake(w)
+
+    # ---- the periodic re-check
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweep_task is None or self._sweep_task.done():
+            self._sweep_task = self.loop.create_task(self._sweeper())
+
+    async def _sweeper(self) -> None:
+        while not self._closed and self._orgs:
+            await asyncio.sleep(RECHECK_SECONDS * random.uniform(0.8, 1.2))
+            await self._sweep_once()
+
+    async def _sweep_once(self) -> None:
+        orgs = [org for org in self._orgs if org not in self._checking and self._idle(org)]
+        if orgs:
+            self._checking.update(orgs)
+            await self._hand_off(orgs)
+
+    # ---- shutdown
+
+    def shutdown(self) -> None:
+        """Every parked poll answers now (its 204); later ones do not park."""
+        self._closed = True
+        for waiters in self._orgs.values():
+            for w in waiters.values():
+                if not w.future.done():
+                    w.future.set_result(SHUTDOWN)
+
+    def _spawn(self, coro: Any) -> None:
+        task = self.loop.create_task(coro)
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+
+# Strong references to fire-and-forget tasks (the loop keeps only weak ones).
+_background: set[asyncio.Task[Any]] = set()
