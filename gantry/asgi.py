@@ -95,7 +95,11 @@ def hub() -> asyncpoll.Hub:
             async def check(group_ids: list[int]) -> Any:
                 return await loop.run_in_executor(_poll_pool, asyncpoll.claimable_counts, group_ids)
 
+            async def flush() -> None:
+                await loop.run_in_executor(_poll_pool, asyncpoll.flush_counts)
+
             _hub = asyncpoll.Hub(loop, check)
+            _hub.spawn(_hub.flusher(flush))
             longpoll.listener().subscribe(_hub.notify_threadsafe)
             longpoll.on_shutdown(_hub.shutdown_threadsafe)
             if longpoll.shutting_down():

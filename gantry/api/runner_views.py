@@ -47,9 +47,15 @@ class ClaimSerializer(serializers.Serializer):
     assigned_expires_at = serializers.DateTimeField(help_text="The runner must /accept before this.")
 
 
-def counted_claim(group: Any) -> dispatch.Claim | None:
-    asyncpoll.CLAIM_ATTEMPTS.inc()
-    return dispatch.claim(group=group, raise_throttled=True)
+def counted_claims(group: Any) -> Any:
+    """The threaded wait's attempts, counted as the ASGI path counts them (the first, then each after a wake)."""
+    kinds = iter([asyncpoll.FIRST])
+
+    def attempt() -> dispatch.Claim | None:
+        asyncpoll.count_attempt(next(kinds, asyncpoll.WAKE))
+        return dispatch.claim(group=group, raise_throttled=True)
+
+    return attempt
 
 
 class PollView(APIView):
@@ -94,7 +100,7 @@ class PollView(APIView):
                     group=group, wait=wait, claim=lambda: dispatch.claim(group=group, raise_throttled=True)
                 )
             else:
-                result = wait_for_claim(org_id=group.organization_id, wait=wait, attempt=lambda: counted_claim(group))
+                result = wait_for_claim(org_id=group.organization_id, wait=wait, attempt=counted_claims(group))
         except dispatch.Throttled:
             # The org's budget is spent: answer now rather than re-trying a
             # claim that would roll back again until the long poll's deadline.

@@ -42,6 +42,7 @@ import itertools
 import logging
 import os
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from typing import Any
 from django.db import connection
 from prometheus_client import Counter, Gauge
 
+from gantry import metrics
 from gantry.dispatch import longpoll
 
 log = logging.getLogger("gantry.asyncpoll")
@@ -65,10 +67,15 @@ CREDIT_SECONDS = 5.0
 # Cap of the run estimate per group (the query reads no further).
 ESTIMATE_CAP = 64
 
+FIRST, WAKE, SHUTDOWN = "first", "wake", "shutdown"
+
 CLAIM_ATTEMPTS = Counter(
     "gantry_poll_claim_attempts_total",
-    "Claim attempts made by runner-group polls in this process (first attempts and wakes).",
+    "Claim attempts made by runner-group polls in this process: a poll's first attempt, or one after a wake.",
+    ["kind"],
 )
+for _kind in (FIRST, WAKE):
+    CLAIM_ATTEMPTS.labels(_kind)  # each series exists (at 0) before its first attempt
 PARKED = Gauge("gantry_poll_parked", "Long polls parked on this process's event loop (no thread, no connection).")
 
 
@@ -84,11 +91,32 @@ class Deferred:
 
     def attempt(self, *, group: Any, wait: float, claim: Callable[[], Any]) -> Any:
         """One claim attempt (the view's); on nothing, mark the poll parkable instead of waiting."""
-        CLAIM_ATTEMPTS.inc()
+        count_attempt(WAKE if self.retry else FIRST)
         result = claim()
         if result is None and wait > 0 and not longpoll.shutting_down():
             self.group_id, self.org_id, self.wait, self.empty = group.id, group.organization_id, wait, True
         return result
+
+
+# Attempts not yet added to the fleet-wide figure (gantry.metrics sums them over processes).
+_unflushed: dict[str, int] = {FIRST: 0, WAKE: 0}
+_unflushed_lock = threading.Lock()
+
+
+def count_attempt(kind: str) -> None:
+    CLAIM_ATTEMPTS.labels(kind).inc()
+    with _unflushed_lock:
+        _unflushed[kind] += 1
+
+
+def flush_counts() -> None:
+    """Add this process's attempts since the last flush to the fleet-wide figure (one Redis call, fails open)."""
+    with _unflushed_lock:
+        counts = dict(_unflushed)
+        for kind in _unflushed:
+            _unflushed[kind] = 0
+    if any(counts.values()):
+        metrics.record_poll_attempts(counts)
 
 
 def deferred_of(meta: Any) -> Deferred | None:
@@ -152,9 +180,6 @@ class Waiter:
     busy: bool = False  # in an attempt (not parked)
 
 
-WAKE, SHUTDOWN = "wake", "shutdown"
-
-
 class Hub:
     """The event loop's parked polls; every method runs on the loop's thread."""
 
@@ -193,7 +218,7 @@ class Hub:
 
     def _on_notify(self, org_id: int | None) -> None:
         if org_id is None:
-            self._spawn(self._sweep_once())
+            self.spawn(self._sweep_once())
             return
         self._note_seq += 1
         self._notified[org_id] = self._note_seq
@@ -265,7 +290,7 @@ class Hub:
             return  # the query in flight will see this attempt's outcome too
         if self._idle(w.org_id):
             self._checking.add(w.org_id)
-            self._spawn(self._hand_off([w.org_id]))
+            self.spawn(self._hand_off([w.org_id]))
 
     async def _hand_off(self, orgs: list[int]) -> None:
         try:
@@ -305,6 +330,15 @@ class Hub:
             await asyncio.sleep(RECHECK_SECONDS * random.uniform(0.8, 1.2))
             await self._sweep_once()
 
+    async def flusher(self, flush: Callable[[], Any], seconds: float = 1.0) -> None:
+        """Every second, hand this process's attempt counts to ``flush`` (in the pool: it calls Redis)."""
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await flush()
+            except Exception:
+                log.warning("could not flush long-poll counts", exc_info=True)
+
     async def _sweep_once(self) -> None:
         orgs = [org for org in self._orgs if org not in self._checking and self._idle(org)]
         if orgs:
@@ -321,7 +355,7 @@ class Hub:
                 if not w.future.done():
                     w.future.set_result(SHUTDOWN)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)
         _background.add(task)
         task.add_done_callback(_background.discard)

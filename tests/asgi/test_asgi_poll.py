@@ -31,7 +31,8 @@ from tests.github.conftest import gha_group
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PARKED = "gantry_poll_parked"
-ATTEMPTS = "gantry_poll_claim_attempts_total"
+FIRST = 'gantry_poll_claim_attempts_total{kind="first"}'
+WAKE = 'gantry_poll_claim_attempts_total{kind="wake"}'
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +130,10 @@ def test_one_new_run_answers_exactly_one_of_n_parked_polls(server: Server, acme:
     n, wait = 6, 8
     group = linux_group(acme)
     stack = make_stack(acme, "web", {"os": "linux"})
-    attempts = server.metric(ATTEMPTS)
+    first, wakes = server.metric(FIRST), server.metric(WAKE)
     threads, answers = park(server, token_of(group), n, wait)
-    assert server.metric(ATTEMPTS) == attempts + n  # each poll's first attempt, nothing since
+    assert server.metric(FIRST) == first + n  # each poll's first attempt
+    assert server.metric(WAKE) == wakes  # and nothing since
 
     run = deploy(stack)
     wait_until(lambda: len(answers) == 1, "the new run woke no poll", seconds=wait - 2)
@@ -139,12 +141,12 @@ def test_one_new_run_answers_exactly_one_of_n_parked_polls(server: Server, acme:
     assert answers[0].body["run_id"] == str(run.id)
     # The others were never woken: still parked, no claim attempt made for them.
     assert server.metric(PARKED) == n - 1
-    assert server.metric(ATTEMPTS) == attempts + n + 1
+    assert server.metric(WAKE) == wakes + 1
 
     for t in threads:
         t.join(wait + 10)
     assert sorted(a.status for a in answers) == [200] + [204] * (n - 1)
-    assert server.metric(ATTEMPTS) == attempts + n + 1  # a deadline costs no claim
+    assert (server.metric(FIRST), server.metric(WAKE)) == (first + n, wakes + 1)  # a deadline costs no claim
     assert server.metric(PARKED) == 0
 
 
