@@ -84,6 +84,7 @@ class Deferred:
     """What the view leaves for the event loop: set by the view, read by gantry.asgi."""
 
     retry: bool = False  # a wake: one attempt, never park
+    group: Any = None  # the authenticated group (a wake claims for it without a second pass)
     group_id: int | None = None
     org_id: int | None = None
     wait: float = 0.0
@@ -94,7 +95,8 @@ class Deferred:
         count_attempt(WAKE if self.retry else FIRST)
         result = claim()
         if result is None and wait > 0 and not longpoll.shutting_down():
-            self.group_id, self.org_id, self.wait, self.empty = group.id, group.organization_id, wait, True
+            self.group, self.group_id, self.org_id = group, group.id, group.organization_id
+            self.wait, self.empty = wait, True
         return result
 
 

@@ -94,6 +94,7 @@ class Answer:
     status: int
     body: Any
     content_type: str | None
+    headers: dict[str, str] | None = None
 
 
 def get(base: str, path: str, *, token: str | None = None, timeout: float = 60) -> Answer:
@@ -103,7 +104,8 @@ def get(base: str, path: str, *, token: str | None = None, timeout: float = 60) 
         conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
         resp = conn.getresponse()
         raw = resp.read()
-        return Answer(resp.status, json.loads(raw) if raw else None, resp.getheader("Content-Type"))
+        headers = {k.lower(): v for k, v in resp.getheaders() if k.lower() not in ("date", "server")}
+        return Answer(resp.status, json.loads(raw) if raw else None, resp.getheader("Content-Type"), headers)
     finally:
         conn.close()
 

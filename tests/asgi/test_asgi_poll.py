@@ -102,6 +102,28 @@ def test_it_answers_like_the_wsgi_view(server: Server, acme: Organization) -> No
     assert Run.objects.filter(organization=acme, status=RunStatus.ASSIGNED).count() == 3
 
 
+def test_a_woken_poll_answers_the_views_headers_and_body(server: Server, acme: Organization) -> None:
+    group = linux_group(acme)
+    token = token_of(group)
+    threads, answers = park(server, token, 1, 20)
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    threads[0].join(25)
+    woken = answers[0]
+    assert woken.status == 200
+    deploy(make_stack(acme, "api", {"os": "linux"}))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    plain = client.get(POLL + "?wait=5")
+    assert plain.status_code == 200
+    assert woken.headers is not None
+    expected = {k.lower(): v for k, v in plain.headers.items()}
+    assert {k: v for k, v in woken.headers.items() if k != "content-length"} == {
+        k: v for k, v in expected.items() if k != "content-length"
+    }
+    assert set(woken.body) == set(plain.json())
+    assert int(woken.headers["content-length"]) > 0
+
+
 def test_a_throttled_long_poll_answers_204_at_once(server: Server, acme: Organization) -> None:
     services.org_set_runs_per_hour_limit(org=acme, limit=1)
     group = linux_group(acme)
