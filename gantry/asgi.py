@@ -114,6 +114,14 @@ def _wake_attempt(group: Any, parked: Answer) -> Answer | None:
     return 200, headers, body
 
 
+def _notify_followers(org_id: int) -> None:
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_notify(%s, %s)", [longpoll.FOLLOW_CHANNEL, str(org_id)])
+    finally:
+        connection.close()
+
+
 async def _send(send: Any, answer: Answer) -> None:
     status, headers, body = answer
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -138,9 +146,14 @@ def hub() -> asyncpoll.Hub:
             async def flush() -> None:
                 await loop.run_in_executor(_poll_pool, asyncpoll.flush_counts)
 
-            _hub = asyncpoll.Hub(loop, check)
+            async def forward(org_id: int) -> None:
+                await loop.run_in_executor(_poll_pool, _notify_followers, org_id)
+
+            lst = longpoll.listener()
+            lst.wants_lead = True
+            _hub = asyncpoll.Hub(loop, check, leader=lambda: lst.leader, forward=forward)
             _hub.spawn(_hub.flusher(flush))
-            longpoll.listener().subscribe(_hub.notify_threadsafe)
+            lst.subscribe(_hub.notify_threadsafe)
             longpoll.on_shutdown(_hub.shutdown_threadsafe)
             if longpoll.shutting_down():
                 _hub.shutdown()

@@ -64,6 +64,9 @@ ENVIRON_KEY = "gantry.poll.deferred"
 RECHECK_SECONDS = float(os.environ.get("GANTRY_POLL_RECHECK_SECONDS") or 5.0)
 # How long a NOTIFY nobody was idle to take stays usable by an attempt that overlapped it.
 CREDIT_SECONDS = 5.0
+# A follower process (not the leader, gantry.dispatch.longpoll.LEADER_LOCK) looks
+# again 1-2 times this long after a NOTIFY, by when the leader's waiter has claimed.
+FOLLOWER_DELAY = 0.5
 # Cap of the run estimate per group (the query reads no further).
 ESTIMATE_CAP = 64
 
@@ -185,8 +188,17 @@ class Waiter:
 class Hub:
     """The event loop's parked polls; every method runs on the loop's thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, check: Callable[[list[int]], Any]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        check: Callable[[list[int]], Any],
+        leader: Callable[[], bool] = lambda: True,
+        forward: Callable[[int], Any] | None = None,
+    ) -> None:
         self.loop = loop
+        self._leader = leader
+        # forward(org) -> awaitable: NOTIFY FOLLOW_CHANNEL, for the other processes' waiters.
+        self._forward = forward
         # check(group_ids) -> awaitable of claimable_counts(...): in the pool (gantry.asgi supplies it).
         self._check = check
         self._orgs: dict[int, dict[int, Waiter]] = {}  # org -> {seq: waiter}, in park order (FIFO)
@@ -200,10 +212,10 @@ class Hub:
 
     # ---- notifications (scheduled onto the loop by the listener thread)
 
-    def notify_threadsafe(self, org_id: int | None) -> None:
+    def notify_threadsafe(self, org_id: int | None, forwarded: bool = False) -> None:
         """The listener thread's callback: None means "anything may have been missed" (a reconnect)."""
         try:
-            self.loop.call_soon_threadsafe(self._on_notify, org_id)
+            self.loop.call_soon_threadsafe(self._on_notify, org_id, forwarded)
         except RuntimeError:
             pass  # the loop is closed: the server is gone
 
@@ -218,15 +230,40 @@ class Hub:
         """The notification sequence number now: an attempt reads it before it starts."""
         return self._note_seq
 
-    def _on_notify(self, org_id: int | None) -> None:
+    def _on_notify(self, org_id: int | None, forwarded: bool = False) -> None:
+        """One NOTIFY: the leader wakes its oldest idle waiter of the org, or hands the NOTIFY on.
+
+        Every server process hears every NOTIFY. Were each to wake a waiter,
+        one run would cost one claim attempt per process. So the leader's
+        waiters go first; when it has none idle for the org, it NOTIFYs
+        FOLLOW_CHANNEL and the other processes wake one each. A follower also
+        looks a little later (one read, no claim unless a run is still
+        claimable): the leader's waiters may all be of groups the run does
+        not fit.
+        """
         if org_id is None:
             self.spawn(self._sweep_once())
             return
+        leader = self._leader()
+        if forwarded:
+            if not leader:
+                self._wake_oldest(org_id)
+            return
         self._note_seq += 1
         self._notified[org_id] = self._note_seq
+        if not leader:
+            self.loop.call_later(FOLLOWER_DELAY * random.uniform(1, 2), self._follow, org_id)
+            return
         if not self._wake_oldest(org_id):
             credits = self._credits.setdefault(org_id, deque(maxlen=ESTIMATE_CAP))
             credits.append(time.monotonic())
+            if self._forward is not None:
+                self.spawn(self._forward(org_id))
+
+    def _follow(self, org_id: int) -> None:
+        if not self._closed and org_id not in self._checking and self._idle(org_id):
+            self._checking.add(org_id)
+            self.spawn(self._hand_off([org_id]))
 
     # ---- parking
 
