@@ -44,7 +44,7 @@ POLL_PATH = "/api/v1/runner-groups/poll"
 SYNC_THREADS = envint("GANTRY_SYNC_THREADS", 16, minimum=1)
 POLL_THREADS = envint("GANTRY_POLL_THREADS", 4, minimum=1)
 
-_sync = WSGIMiddleware(django_app, workers=SYNC_THREADS)
+_sync = WSGIMiddleware(django_app, workers=SYNC_THREADS)  # type: ignore[arg-type]
 _poll_pool = ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix="gantry-poll")
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
@@ -55,7 +55,7 @@ _hub_lock = threading.Lock()
 
 def _call_view(scope: dict[str, Any], deferred: asyncpoll.Deferred) -> Answer:
     """The Django application for one poll request, in a pool thread: its whole answer, read."""
-    environ = build_environ(scope, io.BytesIO(b""))  # type: ignore[arg-type]
+    environ: dict[str, Any] = dict(build_environ(scope, io.BytesIO(b"")))  # type: ignore[arg-type]
     environ[asyncpoll.ENVIRON_KEY] = deferred
     started: list[Any] = []
 
@@ -63,7 +63,7 @@ def _call_view(scope: dict[str, Any], deferred: asyncpoll.Deferred) -> Answer:
         started[:] = [status, headers]
         return lambda data: None
 
-    result = django_app(environ, start_response)
+    result: Any = django_app(environ, start_response)
     try:
         body = b"".join(result)
     finally:
@@ -181,7 +181,8 @@ async def _poll(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 remaining = w.deadline - loop.time()
                 if remaining <= 0:
                     break
-                done, _ = await asyncio.wait({woken, disconnect}, timeout=remaining, return_when="FIRST_COMPLETED")
+                waits: set[asyncio.Future[Any]] = {woken, disconnect}
+                done, _ = await asyncio.wait(waits, timeout=remaining, return_when="FIRST_COMPLETED")
                 if disconnect in done:
                     return  # the client is gone: nobody to hand a claim to
                 if woken not in done or woken.result() == asyncpoll.SHUTDOWN:
@@ -235,4 +236,4 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     elif scope["type"] == "lifespan":
         await _lifespan(receive, send)
     else:
-        await _sync(scope, receive, send)
+        await _sync(scope, receive, send)  # type: ignore[arg-type]

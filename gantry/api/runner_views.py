@@ -25,9 +25,8 @@ from gantry.api.serializers import SpecSerializer
 from gantry.core import services
 from gantry.core.errors import BackendDispatchedGroup, InvalidRequest
 from gantry.core.models import GroupKind, RunStatus
+from gantry.dispatch import asyncpoll, oidc
 from gantry.dispatch import claim as dispatch
-from gantry.dispatch import oidc
-from gantry.dispatch import asyncpoll
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS

@@ -38,6 +38,7 @@ is answered its 204 at once and new polls do not park.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -214,17 +215,13 @@ class Hub:
 
     def notify_threadsafe(self, org_id: int | None, forwarded: bool = False) -> None:
         """The listener thread's callback: None means "anything may have been missed" (a reconnect)."""
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
             self.loop.call_soon_threadsafe(self._on_notify, org_id, forwarded)
-        except RuntimeError:
-            pass  # the loop is closed: the server is gone
 
     def shutdown_threadsafe(self) -> None:
         """Safe in a signal handler: no lock is taken."""
-        try:
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.shutdown)
-        except RuntimeError:
-            pass
 
     def mark(self) -> int:
         """The notification sequence number now: an attempt reads it before it starts."""

@@ -1,4 +1,4 @@
-"""The production server mode as a child process: gunicorn, uvicorn's worker, ``gantry.asgi``, against the test database."""
+"""The production server mode as a child process (gunicorn, uvicorn's worker, ``gantry.asgi``) on the test database."""
 
 from __future__ import annotations
 

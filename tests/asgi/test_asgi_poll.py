@@ -40,9 +40,12 @@ def server(
     django_db_setup: None, django_db_blocker: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     # A short re-check so the lost-NOTIFY test does not wait the default 5 s.
-    with django_db_blocker.unblock(), asgi_server(  # type: ignore[attr-defined]
-        tmp_path_factory.mktemp("asgi"), GANTRY_POLL_RECHECK_SECONDS="1"
-    ) as s:
+    with (
+        django_db_blocker.unblock(),
+        asgi_server(  # type: ignore[attr-defined]
+            tmp_path_factory.mktemp("asgi"), GANTRY_POLL_RECHECK_SECONDS="1"
+        ) as s,
+    ):
         yield s
 
 
@@ -204,9 +207,7 @@ def test_a_lost_notify_is_claimed_by_the_periodic_recheck(server: Server, acme: 
     assert answers[0].body["run_id"] == str(run.id)
 
 
-def test_sigterm_answers_every_parked_poll_at_once_and_the_server_exits(
-    acme: Organization, tmp_path: Path
-) -> None:
+def test_sigterm_answers_every_parked_poll_at_once_and_the_server_exits(acme: Organization, tmp_path: Path) -> None:
     group = linux_group(acme)
     with asgi_server(tmp_path) as own:
         threads, answers = park(own, token_of(group), 3, 30)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import resource
@@ -165,10 +166,8 @@ def start_server(port: int, args: argparse.Namespace, log: Path) -> subprocess.P
 def server_cpu_seconds(master: int) -> float:
     """utime + stime of the master and its workers."""
     pids = [master]
-    try:
+    with contextlib.suppress(OSError):
         pids += [int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
-    except OSError:
-        pass
     total = 0
     for pid in pids:
         try:
@@ -405,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry_bench_longpoll")
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
     bootstrap(os.environ["DATABASE_URL"], redis_url=os.environ["REDIS_URL"])
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     s = setup(args.runs * len(args.levels) * args.repeat)
     from tests.ports import free_port
