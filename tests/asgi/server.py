@@ -57,8 +57,9 @@ class Server:
 
 
 @contextmanager
-def asgi_server(tmp: Path, **env_extra: str) -> Iterator[Server]:
-    """One worker (so /metrics is the whole server), the repository's gunicorn.conf.py, as in production."""
+def asgi_server(tmp: Path, *, workers: int = 1, **env_extra: str) -> Iterator[Server]:
+    """One worker by default (so /metrics's per-process figures are the whole server); gunicorn.conf.py as in
+    production."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
     env.update({"GANTRY_LOG_LEVEL": "WARNING", **env_extra})
@@ -67,7 +68,7 @@ def asgi_server(tmp: Path, **env_extra: str) -> Iterator[Server]:
         process = subprocess.Popen(
             [
                 sys.executable, "-m", "gunicorn", "gantry.asgi", "-b", f"127.0.0.1:{port}",
-                "--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1", "--no-control-socket",
+                "--worker-class", "uvicorn_worker.UvicornWorker", "--workers", str(workers), "--no-control-socket",
             ],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0,
         )  # fmt: skip
