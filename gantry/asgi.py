@@ -5,7 +5,8 @@ Two routes through one event loop per process (docs/operations.md, "Sizing"):
 - ``GET /api/v1/runner-groups/poll``: the long poll, parked on the event loop
   (gantry.dispatch.asyncpoll) with no thread and no database connection. Its
   authentication, validation and claim are the ordinary Django view's, called
-  in a small pool of ``GANTRY_POLL_THREADS`` threads (default 4), so answers
+  in a small pool of ``GANTRY_POLL_THREADS`` threads (default 3; a woken
+  poll's claim has one more of its own), so answers
   are byte for byte those of the WSGI server; only the waiting moved.
 - Everything else: the Django WSGI application in a pool of
   ``GANTRY_SYNC_THREADS`` threads (default 16), through a2wsgi. Not Django's
@@ -42,10 +43,14 @@ from gantry.env import envint  # noqa: E402
 POLL_PATH = "/api/v1/runner-groups/poll"
 
 SYNC_THREADS = envint("GANTRY_SYNC_THREADS", 16, minimum=1)
-POLL_THREADS = envint("GANTRY_POLL_THREADS", 4, minimum=1)
+POLL_THREADS = envint("GANTRY_POLL_THREADS", 3, minimum=1)
 
 _sync = WSGIMiddleware(django_app, workers=SYNC_THREADS)  # type: ignore[arg-type]
 _poll_pool = ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix="gantry-poll")
+# Wakes (a claim for a new run, the hand-off query, the counters) have threads of
+# their own: a burst of new polls (deadlines, a reconnecting fleet) queued in the
+# poll pool must not delay the answer to a run that just became claimable.
+_wake_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gantry-wake")
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
@@ -141,13 +146,13 @@ def hub() -> asyncpoll.Hub:
         if _hub is None or _hub.loop is not loop:
 
             async def check(group_ids: list[int]) -> Any:
-                return await loop.run_in_executor(_poll_pool, asyncpoll.claimable_counts, group_ids)
+                return await loop.run_in_executor(_wake_pool, asyncpoll.claimable_counts, group_ids)
 
             async def flush() -> None:
-                await loop.run_in_executor(_poll_pool, asyncpoll.flush_counts)
+                await loop.run_in_executor(_wake_pool, asyncpoll.flush_counts)
 
             async def forward(org_id: int) -> None:
-                await loop.run_in_executor(_poll_pool, _notify_followers, org_id)
+                await loop.run_in_executor(_wake_pool, _notify_followers, org_id)
 
             lst = longpoll.listener()
             lst.wants_lead = True
@@ -190,7 +195,7 @@ async def _poll(scope: dict[str, Any], receive: Any, send: Any) -> None:
             h.begin_attempt(w)
             mark = h.mark()
             try:
-                reply = await loop.run_in_executor(_poll_pool, _wake_attempt, first.group, answer)
+                reply = await loop.run_in_executor(_wake_pool, _wake_attempt, first.group, answer)
             except Exception:
                 # A database error, say: the view's own path answers it as it would any request.
                 again = asyncpoll.Deferred(retry=True)
