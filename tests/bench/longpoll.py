@@ -77,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP_NAME = "gantry-bench-server"
 POLL = "/api/v1/runner-groups/poll?wait=30"
 TICK = os.sysconf("SC_CLK_TCK")
+PER_CLIENT = 50  # pollers per httpx client
 
 
 @dataclass
@@ -233,14 +234,17 @@ async def settled_attempts(client: Any) -> dict[str, float]:
 class Fleet:
     """P coordinators' polls: each polls again as soon as it is answered."""
 
-    def __init__(self, client: Any, token: str) -> None:
-        self.client = client
+    def __init__(self, clients: Any, token: str) -> None:
+        # httpx's pool does work proportional to its connections on every request
+        # (O(n^2) with n in flight): one client of 1,000 connections stalls the
+        # bench itself for seconds. One client per 50 pollers keeps it flat.
+        self.clients = clients
         self.token = token
         self.tasks: list[asyncio.Task[None]] = []
         self.answered: dict[str, float] = {}  # run id -> perf_counter() at the answer
         self.errors = 0
 
-    async def _poller(self) -> None:
+    async def _poller(self, client: Any) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         # A fleet's coordinators did not all start in the same second: the first
         # wait is spread over 1-30 s, so deadlines (each one a new poll, one
@@ -248,7 +252,7 @@ class Fleet:
         path = f"/api/v1/runner-groups/poll?wait={random.randint(1, 30)}"
         while True:
             try:
-                resp = await self.client.get(path, headers=headers)
+                resp = await client.get(path, headers=headers)
                 path = POLL
             except asyncio.CancelledError:
                 raise
@@ -264,7 +268,8 @@ class Fleet:
 
     def grow(self, n: int) -> None:
         while len(self.tasks) < n:
-            self.tasks.append(asyncio.create_task(self._poller()))
+            client = self.clients[len(self.tasks) // PER_CLIENT]
+            self.tasks.append(asyncio.create_task(self._poller(client)))
 
     async def stop(self) -> None:
         for t in self.tasks:
@@ -384,14 +389,16 @@ def print_rows(rows: list[tuple[Any, ...]]) -> None:
 async def bench(args: argparse.Namespace, s: Setup, master: int, port: int) -> list[list[tuple[Any, ...]]]:
     import httpx
 
-    limits = httpx.Limits(max_connections=max(args.levels) + 50, max_keepalive_connections=max(args.levels) + 50)
+    limits = httpx.Limits(max_connections=PER_CLIENT, max_keepalive_connections=PER_CLIENT)
     timeout = httpx.Timeout(60.0)
     results = []
     stacks = iter(s.stacks)
-    async with (
-        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=timeout) as polls,
-        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout) as client,
-    ):
+    base = f"http://127.0.0.1:{port}"
+    polls = [
+        httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout)
+        for _ in range(-(-max(args.levels) // PER_CLIENT))
+    ]
+    async with httpx.AsyncClient(base_url=base, timeout=timeout) as client:
         for rep in range(1, args.repeat + 1):
             base_p50, base_p99 = await unrelated(client, s, args.calls)
             print(f"repetition {rep}: unrelated call with none parked p50 {base_p50:.2f} ms, p99 {base_p99:.2f} ms")
@@ -413,6 +420,8 @@ async def bench(args: argparse.Namespace, s: Setup, master: int, port: int) -> l
             print_rows(rows)
             results.append(rows)
             await asyncio.sleep(2)
+    for c in polls:
+        await c.aclose()
     return results
 
 
