@@ -31,7 +31,9 @@ COPY . .
 USER gantry
 EXPOSE 8000
 
-# gthread: a parked long poll holds a thread, not a process (docs/operations.md).
-# No control socket: it would go under the (missing) home folder, and nothing uses it.
-# Extra flags: GUNICORN_CMD_ARGS="--workers 4".
-CMD ["gunicorn", "gantry.wsgi", "-b", "0.0.0.0:8000", "--worker-class", "gthread", "--threads", "8", "--workers", "2", "--no-control-socket", "--access-logfile", "-"]
+# The ASGI mode: gunicorn runs uvicorn's worker on gantry.asgi, so a parked long
+# poll holds no thread and no database connection; every other route runs in a
+# pool of GANTRY_SYNC_THREADS threads per worker (docs/operations.md, "Serving").
+# One worker per core. No control socket: it would go under the (missing) home
+# folder, and nothing uses it. Extra flags: GUNICORN_CMD_ARGS="--workers 4".
+CMD ["gunicorn", "gantry.asgi", "-b", "0.0.0.0:8000", "--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "2", "--no-control-socket", "--access-logfile", "-"]

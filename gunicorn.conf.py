@@ -17,6 +17,10 @@ def post_worker_init(worker: Any) -> None:
     out (up to GANTRY_POLL_MAX_WAIT seconds) or for the graceful timeout to cut
     it. The worker has set its own SIGTERM handler by now; it still runs.
     """
+    if type(worker).__module__.startswith("uvicorn"):
+        # Under uvicorn's worker, gantry.asgi chains its own handler at startup
+        # (uvicorn replaces any handler set here for as long as it serves).
+        return
     from gantry.dispatch import longpoll
 
     longpoll.shutdown_on(signal.SIGTERM)

@@ -336,3 +336,48 @@ class RunCollector(Collector):
 
 
 SCRAPE_REGISTRY.register(RunCollector())
+
+
+# ---------------------------------------------------------------- long-poll claim attempts
+
+
+def _poll_key() -> str:
+    return f"gantry:metrics:{connections['default'].settings_dict['NAME']}:poll"
+
+
+def record_poll_attempts(counts: Mapping[str, int]) -> None:
+    """Add one web process's claim attempts since its last flush (gantry.dispatch.asyncpoll). Fails open."""
+    try:
+        pipe = gantry_redis.client().pipeline(transaction=False)
+        for kind, n in counts.items():
+            if n:
+                pipe.hincrby(_poll_key(), kind, n)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("poll metrics not recorded: %s", exc, extra={"event": "metrics.record_failed"})
+
+
+class PollCollector(Collector):
+    """Claim attempts of runner-group polls summed over every web process (flushed about once a second)."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            raw = gantry_redis.client().hgetall(_poll_key())
+        except redis.RedisError as exc:
+            log.warning("poll metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
+            return []
+        values = {_text(k): _text(v) for k, v in raw.items()}
+        family = CounterMetricFamily(
+            "gantry_poll_fleet_claim_attempts",
+            "Claim attempts of runner-group polls over all web processes: a poll's first, or one after a wake.",
+            labels=["kind"],
+        )
+        for kind in ("first", "wake"):
+            family.add_metric([kind], float(values.get(kind, 0)))
+        return [family]
+
+
+SCRAPE_REGISTRY.register(PollCollector())

@@ -25,8 +25,8 @@ from gantry.api.serializers import SpecSerializer
 from gantry.core import services
 from gantry.core.errors import BackendDispatchedGroup, InvalidRequest
 from gantry.core.models import GroupKind, RunStatus
+from gantry.dispatch import asyncpoll, oidc
 from gantry.dispatch import claim as dispatch
-from gantry.dispatch import oidc
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS
@@ -44,6 +44,17 @@ class ClaimSerializer(serializers.Serializer):
     runner_id = serializers.UUIDField()
     runner_token = serializers.CharField(help_text="The runner JWT; hand it to the ephemeral runner.")
     assigned_expires_at = serializers.DateTimeField(help_text="The runner must /accept before this.")
+
+
+def counted_claims(group: Any) -> Any:
+    """The threaded wait's attempts, counted as the ASGI path counts them (the first, then each after a wake)."""
+    kinds = iter([asyncpoll.FIRST])
+
+    def attempt() -> dispatch.Claim | None:
+        asyncpoll.count_attempt(next(kinds, asyncpoll.WAKE))
+        return dispatch.claim(group=group, raise_throttled=True)
+
+    return attempt
 
 
 class PollView(APIView):
@@ -81,11 +92,14 @@ class PollView(APIView):
         if not 0 <= wait <= min(30, conf.get().poll_max_wait):
             raise InvalidRequest(f"wait must be from 0 to {min(30, conf.get().poll_max_wait)} seconds")
         try:
-            result = wait_for_claim(
-                org_id=group.organization_id,
-                wait=wait,
-                attempt=lambda: dispatch.claim(group=group, raise_throttled=True),
-            )
+            deferred = asyncpoll.deferred_of(request.META)
+            if deferred is not None:
+                # Under gantry.asgi: one attempt; the event loop parks the poll (no thread held).
+                result = deferred.attempt(
+                    group=group, wait=wait, claim=lambda: dispatch.claim(group=group, raise_throttled=True)
+                )
+            else:
+                result = wait_for_claim(org_id=group.organization_id, wait=wait, attempt=counted_claims(group))
         except dispatch.Throttled:
             # The org's budget is spent: answer now rather than re-trying a
             # claim that would roll back again until the long poll's deadline.

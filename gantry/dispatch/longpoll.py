@@ -42,6 +42,10 @@ log = logging.getLogger("gantry.longpoll")
 
 # Upper bound on how late a lost notification can make a parked poll.
 RECHECK_SECONDS = 5.0
+# The leader hands a NOTIFY on here when it has no parked poll of that org to wake.
+FOLLOW_CHANNEL = "gantry_claimable_follow"
+# The advisory lock whose holder is the long-poll leader ("gantry-lp" in ASCII, as a bigint).
+LEADER_LOCK = 0x67616E7472796C70
 
 T = TypeVar("T")
 
@@ -58,6 +62,15 @@ class ClaimableListener:
         self._total = 0  # every notification, of any org (the backend dispatcher waits on it)
         self._ready = threading.Event()
         self._stop = threading.Event()
+        # Callbacks (org id, or None after a reconnect) run on this thread: the
+        # ASGI poll hands each notification to its event loop (gantry.dispatch.asyncpoll).
+        self._subscribers: list[Callable[[int | None, bool], None]] = []
+        # One listener per database holds LEADER_LOCK: its process's parked polls
+        # are woken first; the others' only when a run is still claimable after
+        # a short delay (gantry.dispatch.asyncpoll), so one run costs one claim
+        # attempt however many server processes hear its NOTIFY.
+        self.leader = False
+        self.wants_lead = False  # only a process with parked polls to wake competes (gantry.asgi)
         self._thread = threading.Thread(target=self._run, name="gantry-listen", daemon=True)
         self._thread.start()
 
@@ -83,6 +96,19 @@ class ClaimableListener:
                 lambda: (self._epoch, self._total) != seen or (stop is not None and stop.is_set()), timeout
             )
 
+    def subscribe(self, callback: Callable[[int | None, bool], None]) -> None:
+        """Call ``callback(org_id, forwarded)`` for each notification, ``callback(None, False)`` when some may
+        have been lost; ``forwarded``: the leader's hand-on on FOLLOW_CHANNEL."""
+        # Sent before LISTEN is in place is lost: callback(None) follows every (re)connect.
+        self._subscribers.append(callback)
+
+    def _tell(self, org_id: int | None, forwarded: bool = False) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(org_id, forwarded)
+            except Exception:
+                log.exception("long-poll subscriber failed", extra={"event": "longpoll.subscriber_error"})
+
     def wake_all(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -102,18 +128,26 @@ class ClaimableListener:
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.execute(f"LISTEN {FOLLOW_CHANNEL}")
                     with self._cond:
                         # Anything sent while we were not listening is lost: wake all.
                         self._epoch += 1
                         self._cond.notify_all()
                     self._ready.set()
+                    self._tell(None)
                     backoff = 0.5
                     while not self._stop.is_set():
+                        if self.wants_lead and not self.leader:
+                            # Held as long as this session lives: when the leader's
+                            # process goes, another listener takes it within a second.
+                            row = conn.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_LOCK]).fetchone()
+                            self.leader = bool(row and row[0])
                         # A bounded wait only so close() is noticed; notifications
                         # arriving between two calls are kept by the connection.
                         for note in conn.notifies(timeout=1.0):
-                            self._wake(note.payload)
+                            self._wake(note.payload, forwarded=note.channel == FOLLOW_CHANNEL)
             except psycopg.OperationalError as exc:
+                self.leader = False  # the session, and with it the lock, is gone
                 # The database restarted or is out of reach: expected, and said
                 # in one line (no traceback); parked polls fall back to their
                 # periodic re-check, and all of them re-check on reconnect.
@@ -123,21 +157,26 @@ class ClaimableListener:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
             except Exception:
+                self.leader = False
                 self._ready.clear()
                 log.exception("long-poll listener failed; restarting it", extra={"event": "longpoll.listener_error"})
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
         self._ready.clear()
 
-    def _wake(self, payload: str) -> None:
+    def _wake(self, payload: str, forwarded: bool = False) -> None:
         try:
             org_id = int(payload)
         except ValueError:
+            return
+        if forwarded:
+            self._tell(org_id, forwarded=True)  # not new work: the same NOTIFY, handed on by the leader
             return
         with self._cond:
             self._generation[org_id] += 1
             self._total += 1
             self._cond.notify_all()
+        self._tell(org_id)
 
 
 _listener: ClaimableListener | None = None
@@ -173,9 +212,23 @@ def stop_listener() -> None:
         _shutting_down.clear()
 
 
+# Called by begin_shutdown (in a signal handler: each must take no lock); the ASGI hub adds one.
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    _shutdown_hooks.append(hook)
+
+
+def shutting_down() -> bool:
+    return _shutting_down.is_set()
+
+
 def begin_shutdown() -> None:
     """The server is stopping: parked polls answer now, and new polls do not park."""
     _shutting_down.set()
+    for hook in list(_shutdown_hooks):
+        hook()
     # No _listener_lock: this runs in a signal handler, which must never wait
     # on a lock its own thread may hold. Reading the reference is atomic.
     current = _listener
@@ -203,6 +256,10 @@ def shutdown_on(signum: int) -> None:
         begin_shutdown()
         if callable(previous):
             previous(sig, frame)
+        elif previous == signal.SIG_DFL:
+            # Nobody handled it before us: do what the default would (end the process).
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
 
     signal.signal(signum, handler)
 
