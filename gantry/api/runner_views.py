@@ -13,17 +13,17 @@ import uuid
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers, status
+from rest_framework import authentication, exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry import conf
-from gantry.api.auth import IsRunner, IsRunnerGroup
+from gantry.api.auth import IsRunner, IsRunnerGroup, RunnerInStatementAuthentication, RunnerPrincipal
 from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
 from gantry.api.serializers import SpecSerializer
 from gantry.core import services
-from gantry.core.errors import BackendDispatchedGroup, InvalidRequest
+from gantry.core.errors import BackendDispatchedGroup, InvalidRequest, NotFound
 from gantry.core.models import GroupKind, RunStatus
 from gantry.dispatch import claim as dispatch
 from gantry.dispatch import oidc
@@ -285,6 +285,14 @@ class RunStatusSerializer(serializers.Serializer):
 
 
 class StatusView(APIView):
+    # The runner row is checked by the route's own statement (below); the
+    # other two are settings.REST_FRAMEWORK's, so every other credential is
+    # answered as on any route.
+    authentication_classes = [
+        RunnerInStatementAuthentication,
+        authentication.TokenAuthentication,
+        authentication.SessionAuthentication,
+    ]
     permission_classes = [IsRunner]
 
     @extend_schema(
@@ -294,8 +302,22 @@ class StatusView(APIView):
         "cancellation is requested. A terminal status means the runner should stop.",
     )
     def get(self, request: Request, run_id: uuid.UUID) -> Response:
-        principal = runner_of(request, run_id=run_id)
-        run_status = services.runner_seen(runner_id=principal.runner.id, run_id=run_id)
+        principal = request.user
+        assert isinstance(principal, RunnerPrincipal)
+        # One round trip: the runner row's check (401 when gone, before the
+        # binding's 403, as under the eager authentication), its liveness and
+        # the run's status, in one prepared statement.
+        found, run_status = services.runner_status(
+            runner_id=principal.runner.id,
+            runner_group_id=principal.runner.runner_group_id,
+            run_id=run_id,
+            bound=run_id == principal.run_id,
+        )
+        if not found:
+            raise exceptions.AuthenticationFailed("runner no longer exists")
+        runner_of(request, run_id=run_id)
+        if run_status is None:
+            raise NotFound("run not found")
         return Response(
             {
                 "status": run_status,

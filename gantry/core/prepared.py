@@ -15,7 +15,9 @@ like any other statement; in autocommit each statement is its own transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -31,21 +33,21 @@ def _connection() -> tuple[Any, psycopg.Connection[Any]]:
     return db, db.connection
 
 
-def fetchone(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+def fetchone(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...] | None:
     """Run ``sql`` (``%s`` placeholders) as a prepared statement; its first row, or None."""
     db, conn = _connection()
     # A server-side-binding cursor: Django's default ClientCursor inlines the
     # values into the text, which can never be prepared.
     with db.wrap_database_errors, psycopg.Cursor(conn) as cur:
-        cur.execute(sql, params, prepare=True)  # type: ignore[arg-type]  # a module constant, not user text
+        cur.execute(sql, params, prepare=True)
         return cur.fetchone() if cur.description else None
 
 
-def fetchall(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+def fetchall(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Run ``sql`` as a prepared statement; all its rows."""
     db, conn = _connection()
     with db.wrap_database_errors, psycopg.Cursor(conn) as cur:
-        cur.execute(sql, params, prepare=True)  # type: ignore[arg-type]
+        cur.execute(sql, params, prepare=True)
         return cur.fetchall() if cur.description else []
 
 
@@ -75,3 +77,83 @@ def instance(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
             value = convert(value, None, db)
         values.append(value)
     return model.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], values)
+
+
+# ---------------------------------------------------------------- several statements in one message
+#
+# A transaction of several statements would cost a round trip each, plus BEGIN
+# and COMMIT. As the claim does (gantry/dispatch/claim.py), statements are
+# PREPAREd by name once per session, and BEGIN, their EXECUTEs and COMMIT go to
+# the server as one simple-query message: one round trip. Each statement of
+# that message still takes its own snapshot (READ COMMITTED), so a statement
+# after a lock sees what the lock waited for.
+
+
+class Statement:
+    """One named statement; ``params`` are (name, SQL type) in ``$n`` order, used as ``%(name)s`` in ``sql``."""
+
+    def __init__(self, label: str, sql: str, params: Sequence[tuple[str, str]]) -> None:
+        numbered = sql
+        for i, (name, _) in enumerate(params, 1):
+            numbered = numbered.replace(f"%({name})s", f"${i}")
+        # Named after the text, so a session never runs a stale version of it.
+        self.name = f"gantry_{label}_" + hashlib.sha256(numbered.encode()).hexdigest()[:12]
+        self.params = tuple(name for name, _ in params)
+        self.prepare_sql = f"PREPARE {self.name} ({', '.join(t for _, t in params)}) AS {numbered}"
+        self.execute_sql = f"EXECUTE {self.name} ({', '.join('%s' for _ in params)})"
+        self._prepared_on: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
+
+    def ensure_prepared(self, conn: psycopg.Connection[Any]) -> None:
+        if conn not in self._prepared_on:
+            conn.execute(self.prepare_sql)
+            self._prepared_on[conn] = True
+
+    def forget(self, conn: psycopg.Connection[Any]) -> None:
+        self._prepared_on.pop(conn, None)
+
+
+def run_script(steps: Sequence[tuple[Statement, dict[str, Any]]]) -> list[list[tuple[Any, ...]]]:
+    """Run the statements as one transaction in one round trip; each one's rows, in order.
+
+    In autocommit the message is ``BEGIN; EXECUTE ...; COMMIT``; inside a
+    caller's transaction (an ``atomic`` block, a test) it is the EXECUTEs
+    alone and the caller commits. Any error rolls back what the message did
+    (in autocommit) and is raised as Django's database error.
+    """
+    db, conn = _connection()
+    own = db.get_autocommit() and not db.in_atomic_block
+    with db.wrap_database_errors:
+        try:
+            return _run(conn, steps, own=own)
+        except psycopg.errors.InvalidSqlStatementName:
+            # The session lost its prepared statements (DISCARD ALL or
+            # DEALLOCATE by someone else): prepare again, run once more.
+            if not own:
+                raise
+            for statement, _ in steps:
+                statement.forget(conn)
+            return _run(conn, steps, own=own)
+
+
+def _run(
+    conn: psycopg.Connection[Any], steps: Sequence[tuple[Statement, dict[str, Any]]], *, own: bool
+) -> list[list[tuple[Any, ...]]]:
+    for statement, _ in steps:
+        statement.ensure_prepared(conn)
+    parts = [statement.execute_sql for statement, _ in steps]
+    args = [args[name] for statement, args in steps for name in statement.params]
+    text = "; ".join(["BEGIN", *parts, "COMMIT"] if own else parts)
+    out: list[list[tuple[Any, ...]]] = []
+    with psycopg.ClientCursor(conn) as cur:
+        try:
+            cur.execute(text, args)
+            if own:
+                cur.nextset()  # past BEGIN's empty result
+            for _ in steps:
+                out.append(cur.fetchall() if cur.description else [])
+                cur.nextset()
+        except BaseException:
+            if own and not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            raise
+    return out

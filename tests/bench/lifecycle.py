@@ -160,9 +160,13 @@ class Server:
         venv_bin = str(Path(sys.executable).parent)
         full_env = {**os.environ, **env, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "")}
         self.proc = subprocess.Popen(
-            shlex.split(self.command), cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            shlex.split(self.command),
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             start_new_session=True,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -235,9 +239,7 @@ class CpuMeter:
     def stop(self) -> dict[str, float]:
         """CPU seconds since start, by side (a process that started meanwhile counts from zero)."""
         end = self._read()
-        return {
-            side: sum(cpu - self._start[side].get(pid, 0.0) for pid, cpu in end[side].items()) for side in end
-        }
+        return {side: sum(cpu - self._start[side].get(pid, 0.0) for pid, cpu in end[side].items()) for side in end}
 
 
 # --------------------------------------------------------------------------- the simulated runners
@@ -274,13 +276,22 @@ class PhaseResult:
         return sum(len(v) for v in self.calls.values())
 
 
-def _timed(out: dict[str, list[float]], name: str, fn: Callable[[], tuple[int, bytes]], ok: int) -> bytes:
+def _timed(
+    out: dict[str, list[float]],
+    name: str,
+    client: Client,
+    method: str,
+    path: str,
+    token: str,
+    body: dict[str, Any] | None,
+    ok: int,
+) -> bytes:
     t0 = time.perf_counter()
-    status, body = fn()
+    status, answer = client.call(method, path, token, body)
     out[name].append(time.perf_counter() - t0)
     if status != ok:
-        raise RuntimeError(f"{name} answered {status}: {body[:300]!r}")
-    return body
+        raise RuntimeError(f"{name} answered {status}: {answer[:300]!r}")
+    return answer
 
 
 def _lifecycle_loop(port: int, fleet: Fleet, deadline: float, res: PhaseResult, lock: threading.Lock) -> None:
@@ -301,13 +312,15 @@ def _lifecycle_loop(port: int, fleet: Fleet, deadline: float, res: PhaseResult, 
                 raise RuntimeError(f"poll answered {status}: {body[:300]!r}")
             claim = json.loads(body)
             run, runner, tok = claim["run_id"], claim["runner_id"], claim["runner_token"]
-            _timed(calls, "ready", lambda: client.call("POST", f"/api/v1/runners/{runner}/ready", tok,
-                                                        {"hostname": "bench", "launcher": "bench"}), 204)  # fmt: skip
-            _timed(calls, "accept", lambda: client.call("POST", f"/api/v1/runs/{run}/accept", tok), 200)
-            _timed(calls, "status", lambda: client.call("GET", f"/api/v1/runs/{run}/status", tok), 200)
-            _timed(calls, "done", lambda: client.call("POST", f"/api/v1/runs/{run}/done", tok,
-                                                       {"outcome": "succeeded", "exit_code": 0}), 204)  # fmt: skip
-            _timed(calls, "deregister", lambda: client.call("DELETE", f"/api/v1/runners/{runner}/deregister", tok), 204)
+            steps = (
+                ("ready", "POST", f"/api/v1/runners/{runner}/ready", {"hostname": "bench", "launcher": "bench"}, 204),
+                ("accept", "POST", f"/api/v1/runs/{run}/accept", None, 200),
+                ("status", "GET", f"/api/v1/runs/{run}/status", None, 200),
+                ("done", "POST", f"/api/v1/runs/{run}/done", {"outcome": "succeeded", "exit_code": 0}, 204),
+                ("deregister", "DELETE", f"/api/v1/runners/{runner}/deregister", None, 204),
+            )
+            for name, method, path, payload, ok in steps:
+                _timed(calls, name, client, method, path, tok, payload, ok)
             runs += 1
     except Exception as exc:  # reported, never hidden: a failing call invalidates the phase
         with lock:
@@ -319,8 +332,9 @@ def _lifecycle_loop(port: int, fleet: Fleet, deadline: float, res: PhaseResult, 
             res.calls[k].extend(v)
 
 
-def _repeat_loop(port: int, path: str, token: str | None, deadline: float, res: PhaseResult, lock: threading.Lock,
-                 name: str) -> None:  # fmt: skip
+def _repeat_loop(
+    port: int, path: str, token: str | None, deadline: float, res: PhaseResult, lock: threading.Lock, name: str
+) -> None:
     client = Client(port)
     times: list[float] = []
     try:
@@ -376,8 +390,9 @@ def _status_phase(meter: CpuMeter, port: int, fleet: Fleet, k: int, seconds: flo
     t0 = time.perf_counter()
     deadline = t0 + seconds
     threads = [
-        threading.Thread(target=_repeat_loop, args=(port, f"/api/v1/runs/{run}/status", tok, deadline, res, lock,
-                                                    "status"))  # fmt: skip
+        threading.Thread(
+            target=_repeat_loop, args=(port, f"/api/v1/runs/{run}/status", tok, deadline, res, lock, "status")
+        )
         for run, tok in held
     ]
     for t in threads:
@@ -432,8 +447,10 @@ def report(rounds: list[Round], command: str) -> bool:
     print(f"cpus={os.cpu_count()}, load average now {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     ks = sorted({r.k for r in rounds})
     print(f"medians of {len(rounds) // len(ks)} repetitions\n")
-    print("| K | runs/s | CPU/run ms (py + pg) | lifecycle calls/s | healthz req/s | ratio | healthz CPU/req ms | "
-          "status CPU/req ms (py + pg) | status ÷ healthz |")  # fmt: skip
+    print(
+        "| K | runs/s | CPU/run ms (py + pg) | lifecycle calls/s | healthz req/s | ratio | healthz CPU/req ms | "
+        "status CPU/req ms (py + pg) | status ÷ healthz |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     ok = True
     for k in ks:
@@ -447,33 +464,39 @@ def report(rounds: list[Round], command: str) -> bool:
         st_py = _median(rs, lambda r: r.cpu_per_req_ms(r.status, "py"))
         st_pg = _median(rs, lambda r: r.cpu_per_req_ms(r.status, "pg"))
         st_ratio = _median(rs, lambda r: r.cpu_per_req_ms(r.status) / r.cpu_per_req_ms(r.health))
-        print(f"| {k} | {_median(rs, Round.runs_per_s):.1f} | {tot:.1f} ({py:.1f} + {pg:.1f}) | "
-              f"{_median(rs, Round.calls_per_s):.0f} | {_median(rs, Round.health_per_s):.0f} | {ratio:.2f} | "
-              f"{hz:.2f} | {st:.2f} ({st_py:.2f} + {st_pg:.2f}) | {st_ratio:.2f} |")  # fmt: skip
+        print(
+            f"| {k} | {_median(rs, Round.runs_per_s):.1f} | {tot:.1f} ({py:.1f} + {pg:.1f}) | "
+            f"{_median(rs, Round.calls_per_s):.0f} | {_median(rs, Round.health_per_s):.0f} | {ratio:.2f} | "
+            f"{hz:.2f} | {st:.2f} ({st_py:.2f} + {st_pg:.2f}) | {st_ratio:.2f} |"
+        )
         if k == max(ks):
             ok = tot <= TARGET_CPU_PER_RUN_MS and ratio >= TARGET_CALLS_RATIO and st_ratio <= TARGET_STATUS_VS_HEALTHZ
-            print(f"\ntargets at K={k}: CPU/run {tot:.1f} ms (≤ {TARGET_CPU_PER_RUN_MS}): "
-                  f"{'PASS' if tot <= TARGET_CPU_PER_RUN_MS else 'FAIL'}; calls ratio {ratio:.2f} "
-                  f"(≥ {TARGET_CALLS_RATIO}): {'PASS' if ratio >= TARGET_CALLS_RATIO else 'FAIL'}; status ÷ healthz "
-                  f"CPU {st_ratio:.2f} (≤ {TARGET_STATUS_VS_HEALTHZ}): "
-                  f"{'PASS' if st_ratio <= TARGET_STATUS_VS_HEALTHZ else 'FAIL'}")  # fmt: skip
+            print(
+                f"\ntargets at K={k}: CPU/run {tot:.1f} ms (≤ {TARGET_CPU_PER_RUN_MS}): "
+                f"{'PASS' if tot <= TARGET_CPU_PER_RUN_MS else 'FAIL'}; calls ratio {ratio:.2f} "
+                f"(≥ {TARGET_CALLS_RATIO}): {'PASS' if ratio >= TARGET_CALLS_RATIO else 'FAIL'}; status ÷ healthz "
+                f"CPU {st_ratio:.2f} (≤ {TARGET_STATUS_VS_HEALTHZ}): "
+                f"{'PASS' if st_ratio <= TARGET_STATUS_VS_HEALTHZ else 'FAIL'}"
+            )
     print("\nper call, ms, p50 / p99 (lifecycle phase; medians over repetitions)\n")
     print("| K | " + " | ".join(CALLS) + " | healthz |")
     print("|---" * (len(CALLS) + 2) + "|")
     for k in ks:
         rs = [r for r in rounds if r.k == k]
-        cells = [
-            f"{_median(rs, lambda r, c=c: _pct(r.life.calls[c], 0.5)):.1f} / "
-            f"{_median(rs, lambda r, c=c: _pct(r.life.calls[c], 0.99)):.1f}"
-            for c in CALLS
-        ]
-        hz = (f"{_median(rs, lambda r: _pct(r.health.calls['healthz'], 0.5)):.1f} / "
-              f"{_median(rs, lambda r: _pct(r.health.calls['healthz'], 0.99)):.1f}")  # fmt: skip
-        print(f"| {k} | " + " | ".join(cells) + f" | {hz} |")
+        cells = [_p50_p99(rs, c) for c in CALLS]
+        hz_cell = _p50_p99(rs, "healthz", phase="health")
+        print(f"| {k} | " + " | ".join(cells) + f" | {hz_cell} |")
     errors = [e for r in rounds for p in (r.life, r.health, r.status) for e in p.errors]
     if errors:
         print(f"\n{len(errors)} errors, first: {errors[0]}")
     return ok
+
+
+def _p50_p99(rounds: list[Round], call: str, phase: str = "life") -> str:
+    def at(q: float) -> float:
+        return statistics.median(_pct(getattr(r, phase).calls[call], q) for r in rounds)
+
+    return f"{at(0.5):.1f} / {at(0.99):.1f}"
 
 
 def _ints(text: str) -> list[int]:
@@ -519,11 +542,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 status = _status_phase(meter, server.port, fleet, k, args.seconds)
                 r = Round(k, life, health, status)
                 rounds.append(r)
-                print(f"rep {rep + 1} K={k:>2}: {r.runs_per_s():6.1f} runs/s, "
-                      f"{r.cpu_per_run_ms('py'):5.1f} + {r.cpu_per_run_ms('pg'):4.1f} ms CPU/run, "
-                      f"healthz {r.health_per_s():6.0f}/s at {r.cpu_per_req_ms(r.health):.2f} ms, "
-                      f"status {r.cpu_per_req_ms(r.status):.2f} ms CPU/req, "
-                      f"errors {len(life.errors) + len(health.errors) + len(status.errors)}", flush=True)  # fmt: skip
+                print(
+                    f"rep {rep + 1} K={k:>2}: {r.runs_per_s():6.1f} runs/s, "
+                    f"{r.cpu_per_run_ms('py'):5.1f} + {r.cpu_per_run_ms('pg'):4.1f} ms CPU/run, "
+                    f"healthz {r.health_per_s():6.0f}/s at {r.cpu_per_req_ms(r.health):.2f} ms, "
+                    f"status {r.cpu_per_req_ms(r.status):.2f} ms CPU/req, "
+                    f"errors {len(life.errors) + len(health.errors) + len(status.errors)}",
+                    flush=True,
+                )
     finally:
         server.stop()
     report(rounds, server.command)
