@@ -38,8 +38,8 @@ class RunnerPrincipal:
 
     runner: Runner
     run_id: uuid.UUID
-    # False only under RunnerInStatementAuthentication: the token verified, the
-    # runner row not read yet; the route's own statement proves it exists.
+    # False only on a route with runner_row_checked_by_route: the token verified,
+    # the runner row not read yet; the route's own statement proves it exists.
     row_checked: bool = True
     is_authenticated: bool = True
     is_superuser: bool = False
@@ -63,6 +63,9 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         if claims.audience == tokens.AUD_GROUP:
             return self._group(claims), claims
         if claims.audience == tokens.AUD_RUNNER:
+            view = (getattr(request, "parser_context", None) or {}).get("view")
+            if getattr(view, "runner_row_checked_by_route", False):
+                return self._runner_unchecked(claims), claims
             return self._runner(claims), claims
         raise exceptions.AuthenticationFailed("token audience is not accepted here")
 
@@ -84,29 +87,25 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("runner no longer exists")
         return RunnerPrincipal(runner=prepared.instance(Runner, row), run_id=run_id)
 
-    def authenticate_header(self, request: Request) -> str:
-        # Makes DRF answer 401 (not 403) when credentials are missing.
-        return self.keyword
+    def _runner_unchecked(self, claims: tokens.Claims) -> RunnerPrincipal:
+        """For a route whose own statement checks the runner row (``/status``): one round trip instead of two.
 
-
-class RunnerInStatementAuthentication(BearerJWTAuthentication):
-    """For a route whose own statement checks the runner row (``/status``): one round trip instead of two.
-
-    A runner token is verified (signature, issuer, audience, claims) but its
-    row is not read: the principal carries an unsaved ``Runner(id,
-    runner_group_id)`` with ``row_checked=False``, and the route must answer
-    401 "runner no longer exists" itself when its statement finds no such
-    runner in that group (:func:`gantry.api.common.runner_gone`). Group tokens
-    are checked as everywhere. The OpenAPI security scheme is the parent's.
-    """
-
-    def _runner(self, claims: tokens.Claims) -> RunnerPrincipal:
+        The token is verified (signature, issuer, audience, claims) but its row
+        is not read: the principal carries an unsaved ``Runner(id,
+        runner_group_id)`` with ``row_checked=False``, and the route answers 401
+        "runner no longer exists" itself when its statement finds no such runner
+        in that group. A view opts in with ``runner_row_checked_by_route = True``.
+        """
         runner_id, run_id, group_id = _runner_claims(claims)
         if group_id is None:
             raise exceptions.AuthenticationFailed("runner no longer exists")  # no runner is in no group
         runner = Runner(id=runner_id, runner_group_id=group_id)
         runner._state.adding = False
         return RunnerPrincipal(runner=runner, run_id=run_id, row_checked=False)
+
+    def authenticate_header(self, request: Request) -> str:
+        # Makes DRF answer 401 (not 403) when credentials are missing.
+        return self.keyword
 
 
 # One indexed read per call (the primary key), prepared once per database
@@ -182,8 +181,6 @@ def member_role(user: AbstractBaseUser, org: Organization) -> str | None:
 
 class BearerScheme(OpenApiAuthenticationExtension):
     target_class = "gantry.api.auth.BearerJWTAuthentication"
-    # RunnerInStatementAuthentication is the same scheme on the wire.
-    match_subclasses = True
     name = "bearerJWT"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

@@ -13,13 +13,13 @@ import uuid
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import authentication, exceptions, serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry import conf
-from gantry.api.auth import IsRunner, IsRunnerGroup, RunnerInStatementAuthentication, RunnerPrincipal
+from gantry.api.auth import IsRunner, IsRunnerGroup, RunnerPrincipal
 from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
 from gantry.api.serializers import SpecSerializer
 from gantry.core import services
@@ -285,14 +285,9 @@ class RunStatusSerializer(serializers.Serializer):
 
 
 class StatusView(APIView):
-    # The runner row is checked by the route's own statement (below); the
-    # other two are settings.REST_FRAMEWORK's, so every other credential is
-    # answered as on any route.
-    authentication_classes = [
-        RunnerInStatementAuthentication,
-        authentication.TokenAuthentication,
-        authentication.SessionAuthentication,
-    ]
+    # The runner row is checked by the route's own statement (below), not by
+    # a read of its own in BearerJWTAuthentication.
+    runner_row_checked_by_route = True
     permission_classes = [IsRunner]
 
     @extend_schema(
