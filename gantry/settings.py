@@ -207,6 +207,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["gantry.api.parsers.StrictJSONParser"],
+    # DRF's negotiation, minus its parsing for a missing or */* Accept (gantry/api/negotiation.py).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "gantry.api.negotiation.FastContentNegotiation",
     "EXCEPTION_HANDLER": "gantry.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

@@ -75,10 +75,9 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         # A rotated token carries an old version: revoked at once, not at expiry.
         if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
             raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
-        group = prepared.instance(RunnerGroup, row)
-        # As select_related("organization") would: the org is cached on the group.
-        group.organization = prepared.instance(Organization, row, prepared.width(RunnerGroup))
-        return GroupPrincipal(group=group)
+        # The group's whole row; its organization loads on first access (no
+        # group route reads more of it than organization_id).
+        return GroupPrincipal(group=prepared.instance(RunnerGroup, row))
 
     def _runner(self, claims: tokens.Claims) -> RunnerPrincipal:
         runner_id, run_id, group_id = _runner_claims(claims)
@@ -99,8 +98,7 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         runner_id, run_id, group_id = _runner_claims(claims)
         if group_id is None:
             raise exceptions.AuthenticationFailed("runner no longer exists")  # no runner is in no group
-        runner = Runner(id=runner_id, runner_group_id=group_id)
-        runner._state.adding = False
+        runner = prepared.loaded(Runner, id=runner_id, runner_group_id=group_id)
         return RunnerPrincipal(runner=runner, run_id=run_id, row_checked=False)
 
     def authenticate_header(self, request: Request) -> str:
@@ -111,10 +109,8 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
 # One indexed read per call (the primary key), prepared once per database
 # session: the ORM's select_related built and compiled this join on every
 # runner call, 34% of the lifecycle's Python time (docs/performance.md).
-_GROUP_SQL = (
-    f"SELECT {prepared.columns(RunnerGroup, 'g')}, {prepared.columns(Organization, 'o')} "
-    "FROM runner_group g JOIN organization o ON o.id = g.organization_id WHERE g.id = %s::bigint"
-)
+# No join: nothing on a group or runner route reads the organization row.
+_GROUP_SQL = f"SELECT {prepared.columns(RunnerGroup)} FROM runner_group WHERE id = %s::bigint"
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 _GROUP_VERSION = [f.attname for f in RunnerGroup._meta.concrete_fields].index("token_version")
 # The runner row only: runner views use its id, and anything reaching for

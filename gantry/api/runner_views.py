@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry import conf
+from gantry.api import fastbody
 from gantry.api.auth import IsRunner, IsRunnerGroup, RunnerPrincipal
 from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
 from gantry.api.serializers import SpecSerializer
@@ -233,7 +234,7 @@ class ReadyView(APIView):
     )
     def post(self, request: Request, runner_id: uuid.UUID) -> Response:
         principal = runner_of(request, runner_id=runner_id)
-        data = validated(ReadySerializer, request)
+        data = fastbody.ready(request.data) or validated(ReadySerializer, request)
         services.runner_ready(runner_id=principal.runner.id, metadata=dict(data))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -276,7 +277,7 @@ class AcceptView(APIView):
         principal = runner_of(request, run_id=run_id)
         run, api_token = services.run_accept(run_id=run_id, runner_id=principal.runner.id)
         context = services.run_context(run=run, api_token=api_token)
-        return Response(RunContextSerializer(context).data)
+        return Response(fastbody.run_context(context) or RunContextSerializer(context).data)
 
 
 class RunStatusSerializer(serializers.Serializer):
@@ -365,7 +366,7 @@ class DoneView(APIView):
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = runner_of(request, run_id=run_id)
-        data = validated(DoneSerializer, request)
+        data = fastbody.done(request.data) or validated(DoneSerializer, request)
         services.run_finish(
             run_id=run_id,
             runner_id=principal.runner.id,

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import Field, Model
+from django.db.models import Model
+from django.db.models.base import ModelState
 
 M = TypeVar("M", bound=Model)
 
@@ -40,7 +41,9 @@ def fetchone(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, 
     # values into the text, which can never be prepared.
     with db.wrap_database_errors, psycopg.Cursor(conn) as cur:
         cur.execute(sql, params, prepare=True)
-        return cur.fetchone() if cur.description else None
+        # Every statement here returns rows (SELECT or RETURNING); not asking
+        # for cur.description spares building a Column object per column.
+        return cur.fetchone()
 
 
 def fetchall(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
@@ -48,7 +51,7 @@ def fetchall(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[
     db, conn = _connection()
     with db.wrap_database_errors, psycopg.Cursor(conn) as cur:
         cur.execute(sql, params, prepare=True)
-        return cur.fetchall() if cur.description else []
+        return cur.fetchall()
 
 
 def columns(model: type[Model], alias: str = "") -> str:
@@ -68,15 +71,30 @@ def instance(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
     tells psycopg not to parse it, and the field's ``from_db_value`` does).
     """
     db = connections[DEFAULT_DB_ALIAS]
-    fields: list[Field[Any, Any]] = list(model._meta.concrete_fields)
-    values = []
-    for i, f in enumerate(fields):
+    values = {}
+    for i, f in enumerate(model._meta.concrete_fields):
         value = row[offset + i]
         convert = getattr(f, "from_db_value", None)
         if convert is not None and value is not None:
             value = convert(value, None, db)
-        values.append(value)
-    return model.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], values)
+        values[f.attname] = value
+    return loaded(model, **values)
+
+
+def loaded(model: type[M], **values: Any) -> M:
+    """A saved instance holding ``values`` (attnames); any other field loads on first access, as a deferred one.
+
+    Built as Django unpickles a model (``Model.__reduce__``): without running
+    ``__init__``, whose per-field defaults and signals cost more than the
+    route's statement (the models here have no init-signal receivers).
+    """
+    obj = model.__new__(model)
+    obj.__dict__.update(values)
+    state = ModelState()
+    state.adding = False
+    state.db = DEFAULT_DB_ALIAS
+    obj._state = state
+    return obj
 
 
 # ---------------------------------------------------------------- several statements in one message

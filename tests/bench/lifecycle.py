@@ -29,9 +29,12 @@ What it does, for each repetition and each K:
    database, found by their process title, from /proc as well).
 4. *healthz*: the same K threads call ``GET /healthz`` for ``--seconds``:
    requests/s and server CPU per request.
-5. *status*: K runners that hold an accepted run each call ``/status`` in a
-   loop for ``--seconds``: the steady-state load of a fleet, as server CPU per
-   request, compared with /healthz.
+5. *status*: 64 x K runners that hold an accepted run (set up with SQL), K
+   threads each calling ``/status`` for its share in turn for ``--seconds``:
+   the steady-state load of a fleet, as server CPU per request, compared with
+   /healthz. Many runners, not K: a runner calls every few seconds, and K
+   runners hammering their own rows would measure the dead versions of K hot
+   rows rather than the route.
 
 Each figure is the median over the repetitions; the phases interleave, so a
 neighbour's load on a shared machine falls on all of them alike. CPU is read
@@ -53,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,7 +81,17 @@ SERVER_MODES: dict[str, str] = {
 
 CALLS = ("poll", "ready", "accept", "status", "done", "deregister")
 SPEC = {"steps": [{"name": "bench", "run": "true"}]}
+# What runners/client.py sends: the host metadata, and the end with its log manifest.
+READY_BODY = {"hostname": "bench-host", "launcher": "local", "pid": 4242}
+DONE_BODY = {
+    "outcome": "succeeded",
+    "exit_code": 0,
+    "sealed_chunks": 1,
+    "manifest": {"count": 1, "sha256": ["ab" * 32]},
+}
 HUGE = 1_000_000
+# Runners per calling thread in the /status phase (each thread cycles over its share).
+HELD_PER_RUNNER = 64
 BENCH_RUNS_PER_HOUR = 100_000_000
 
 TARGET_CPU_PER_RUN_MS = 15.0
@@ -313,10 +327,10 @@ def _lifecycle_loop(port: int, fleet: Fleet, deadline: float, res: PhaseResult, 
             claim = json.loads(body)
             run, runner, tok = claim["run_id"], claim["runner_id"], claim["runner_token"]
             steps = (
-                ("ready", "POST", f"/api/v1/runners/{runner}/ready", {"hostname": "bench", "launcher": "bench"}, 204),
+                ("ready", "POST", f"/api/v1/runners/{runner}/ready", READY_BODY, 204),
                 ("accept", "POST", f"/api/v1/runs/{run}/accept", None, 200),
                 ("status", "GET", f"/api/v1/runs/{run}/status", None, 200),
-                ("done", "POST", f"/api/v1/runs/{run}/done", {"outcome": "succeeded", "exit_code": 0}, 204),
+                ("done", "POST", f"/api/v1/runs/{run}/done", DONE_BODY, 204),
                 ("deregister", "DELETE", f"/api/v1/runners/{runner}/deregister", None, 204),
             )
             for name, method, path, payload, ok in steps:
@@ -333,12 +347,21 @@ def _lifecycle_loop(port: int, fleet: Fleet, deadline: float, res: PhaseResult, 
 
 
 def _repeat_loop(
-    port: int, path: str, token: str | None, deadline: float, res: PhaseResult, lock: threading.Lock, name: str
+    port: int,
+    targets: Sequence[tuple[str, str | None]],
+    deadline: float,
+    res: PhaseResult,
+    lock: threading.Lock,
+    name: str,
 ) -> None:
+    """GET each of ``targets`` (path, token) in turn until the deadline."""
     client = Client(port)
     times: list[float] = []
+    i = 0
     try:
         while time.perf_counter() < deadline:
+            path, token = targets[i % len(targets)]
+            i += 1
             t0 = time.perf_counter()
             status, body = client.call("GET", path, token)
             times.append(time.perf_counter() - t0)
@@ -367,34 +390,49 @@ def _phase(meter: CpuMeter, k: int, seconds: float, target: Callable[..., None],
     return res
 
 
-def _held_runs(port: int, fleet: Fleet, k: int) -> list[tuple[str, str]]:
-    """K runs, each claimed, readied and accepted: what the /status phase polls."""
-    client = Client(port)
-    held = []
-    for _ in range(k):
-        status, body = client.call("GET", "/api/v1/runner-groups/poll?wait=0", fleet.group_token)
-        assert status == 200, (status, body)
-        claim = json.loads(body)
-        run, runner, tok = claim["run_id"], claim["runner_id"], claim["runner_token"]
-        assert client.call("POST", f"/api/v1/runners/{runner}/ready", tok, {})[0] == 204
-        assert client.call("POST", f"/api/v1/runs/{run}/accept", tok)[0] == 200
-        held.append((run, tok))
-    return held
+def hold_runs(fleet: Fleet, n: int) -> list[tuple[str, str]]:
+    """``n`` of the loaded runs made running on busy runners of their own, as accept leaves them; (run, token) each.
+
+    Written with SQL, not through the API: the /status phase wants many
+    runners, each calling as a fleet's would (every few seconds), not a few
+    runners hammering their own row (which would measure the dead row
+    versions of one hot row, not the route).
+    """
+    from gantry.core import tokens
+
+    runs = [r for (r,) in execute("SELECT id FROM run WHERE status = 'pending' ORDER BY first_pending_at DESC LIMIT %s",
+                                  [n])]  # fmt: skip
+    pairs = [(run, uuid.uuid4()) for run in runs]
+    for run, runner in pairs:
+        execute(
+            "INSERT INTO runner (id, runner_group_id, status, created_at, ready_at, accepted_at, last_seen_at, "
+            "hostname, launcher, container_id, pod_name) "
+            "VALUES (%s, %s, 'busy', now(), now(), now(), now(), 'bench', 'bench', '', '')",
+            [runner, fleet.group_id],
+        )
+        execute(
+            "UPDATE run SET status = 'running', assigned_runner_id = %s, assigned_at = now(), started_at = now(), "
+            "updated_at = now() WHERE id = %s",
+            [runner, run],
+        )
+    execute("VACUUM (ANALYZE) run, runner")
+    return [
+        (str(run), tokens.mint_runner_token(runner_id=runner, run_id=run, group_id=fleet.group_id))
+        for run, runner in pairs
+    ]
 
 
-def _status_phase(meter: CpuMeter, port: int, fleet: Fleet, k: int, seconds: float) -> PhaseResult:
-    held = _held_runs(port, fleet, k)
+def _status_phase(meter: CpuMeter, port: int, held: list[tuple[str, str]], k: int, seconds: float) -> PhaseResult:
+    """K threads, each calling /status for its share of the held runs in turn."""
     res = PhaseResult(seconds=seconds)
     lock = threading.Lock()
+    targets = [(f"/api/v1/runs/{run}/status", tok) for run, tok in held]
+    shares = [targets[i::k] for i in range(k)]
     meter.start()
     t0 = time.perf_counter()
     deadline = t0 + seconds
-    threads = [
-        threading.Thread(
-            target=_repeat_loop, args=(port, f"/api/v1/runs/{run}/status", tok, deadline, res, lock, "status")
-        )
-        for run, tok in held
-    ]
+    threads = [threading.Thread(target=_repeat_loop, args=(port, share, deadline, res, lock, "status"))
+               for share in shares]  # fmt: skip
     for t in threads:
         t.start()
     for t in threads:
@@ -537,9 +575,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(args.repeat):
             for k in args.ks:
                 load_runs(args.runs)
+                held = hold_runs(fleet, HELD_PER_RUNNER * k)
                 life = _phase(meter, k, args.seconds, _lifecycle_loop, server.port, fleet)
                 health = _phase(meter, k, args.seconds, _repeat_loop_args(server.port, "/healthz", None, "healthz"))
-                status = _status_phase(meter, server.port, fleet, k, args.seconds)
+                status = _status_phase(meter, server.port, held, k, args.seconds)
                 r = Round(k, life, health, status)
                 rounds.append(r)
                 print(
@@ -558,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _repeat_loop_args(port: int, path: str, token: str | None, name: str) -> Callable[..., None]:
     def loop(deadline: float, res: PhaseResult, lock: threading.Lock) -> None:
-        _repeat_loop(port, path, token, deadline, res, lock, name)
+        _repeat_loop(port, [(path, token)], deadline, res, lock, name)
 
     return loop
 

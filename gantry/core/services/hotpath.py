@@ -157,7 +157,7 @@ def accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, digest: str, now: datetim
 
 def _partial(model: type[Deployment] | type[Stack], pk: int, name: str, raw: str | None) -> Any:
     # Both are JSON columns with the default decoder; Django has psycopg hand them over as text.
-    return model.from_db("default", ["id", name], [pk, json.loads(raw) if raw is not None else None])
+    return prepared.loaded(model, id=pk, **{name: json.loads(raw) if raw is not None else None})
 
 
 # ---------------------------------------------------------------- done
