@@ -130,7 +130,9 @@ class Statement:
         self._prepared_on.pop(conn, None)
 
 
-def run_script(steps: Sequence[tuple[Statement, dict[str, Any]]]) -> list[list[tuple[Any, ...]]]:
+def run_script(
+    steps: Sequence[tuple[Statement, dict[str, Any]]], *, synchronous_commit: bool = True
+) -> list[list[tuple[Any, ...]]]:
     """Run the statements as one transaction in one round trip; each one's rows, in order.
 
     In autocommit the message is ``BEGIN; EXECUTE ...; COMMIT``; inside a
@@ -142,7 +144,7 @@ def run_script(steps: Sequence[tuple[Statement, dict[str, Any]]]) -> list[list[t
     own = db.get_autocommit() and not db.in_atomic_block
     with db.wrap_database_errors:
         try:
-            return _run(conn, steps, own=own)
+            return _run(conn, steps, own=own, synchronous_commit=synchronous_commit)
         except psycopg.errors.InvalidSqlStatementName:
             # The session lost its prepared statements (DISCARD ALL or
             # DEALLOCATE by someone else): prepare again, run once more.
@@ -150,23 +152,28 @@ def run_script(steps: Sequence[tuple[Statement, dict[str, Any]]]) -> list[list[t
                 raise
             for statement, _ in steps:
                 statement.forget(conn)
-            return _run(conn, steps, own=own)
+            return _run(conn, steps, own=own, synchronous_commit=synchronous_commit)
 
 
 def _run(
-    conn: psycopg.Connection[Any], steps: Sequence[tuple[Statement, dict[str, Any]]], *, own: bool
+    conn: psycopg.Connection[Any],
+    steps: Sequence[tuple[Statement, dict[str, Any]]],
+    *,
+    own: bool,
+    synchronous_commit: bool,
 ) -> list[list[tuple[Any, ...]]]:
     for statement, _ in steps:
         statement.ensure_prepared(conn)
     parts = [statement.execute_sql for statement, _ in steps]
     args = [args[name] for statement, args in steps for name in statement.params]
-    text = "; ".join(["BEGIN", *parts, "COMMIT"] if own else parts)
+    begin = ["BEGIN"] if synchronous_commit else ["BEGIN", "SET LOCAL synchronous_commit = off"]
+    text = "; ".join([*begin, *parts, "COMMIT"] if own else parts)
     out: list[list[tuple[Any, ...]]] = []
     with psycopg.ClientCursor(conn) as cur:
         try:
             cur.execute(text, args)
-            if own:
-                cur.nextset()  # past BEGIN's empty result
+            for _ in begin if own else ():
+                cur.nextset()  # past BEGIN's (and SET's) empty result
             for _ in steps:
                 out.append(cur.fetchall() if cur.description else [])
                 cur.nextset()

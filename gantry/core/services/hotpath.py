@@ -66,34 +66,45 @@ def ready(*, runner_id: uuid.UUID, metadata: Mapping[str, Any], now: datetime) -
 # the token's runner still exist (in the token's group), and, when the path is
 # the token's run, refresh its liveness and read the run's status. A refused
 # call (runner gone, another run) writes nothing.
+#
+# Its commit does not wait for the WAL flush (BEGIN; SET LOCAL
+# synchronous_commit = off; EXECUTE; COMMIT in one message): the only write is
+# the heartbeat, which the runner repeats every few seconds and which the
+# inactive-runner reaper judges over minutes, so a database crash inside the
+# flush window (wal_writer_delay) loses nothing that matters. It halved the
+# route's PostgreSQL CPU (docs/performance.md, "Runner routes").
 _STATUS_SQL = """
-WITH me AS (SELECT id FROM runner WHERE id = %(runner)s::uuid AND runner_group_id = %(grp)s::bigint),
-seen AS (UPDATE runner SET last_seen_at = %(now)s::timestamptz
-         WHERE id = (SELECT id FROM me) AND %(bound)s::boolean)
-SELECT EXISTS (SELECT 1 FROM me), (SELECT status FROM run WHERE id = %(run)s::uuid AND %(bound)s::boolean)
+WITH me AS (SELECT id FROM runner WHERE id = %(runner)s AND runner_group_id = %(grp)s),
+seen AS (UPDATE runner SET last_seen_at = %(now)s WHERE id = (SELECT id FROM me) AND %(bound)s)
+SELECT EXISTS (SELECT 1 FROM me), (SELECT status FROM run WHERE id = %(run)s AND %(bound)s)
+"""
+STATUS = prepared.Statement(
+    "status",
+    _STATUS_SQL,
+    [("runner", "uuid"), ("grp", "bigint"), ("now", "timestamptz"), ("bound", "boolean"), ("run", "uuid")],
+)
+# runner_seen's form, for callers that have authenticated the runner already
+# (durable commit: it is not the route's hot path).
+_SEEN_SQL = """
+WITH seen AS (UPDATE runner SET last_seen_at = %(now)s::timestamptz WHERE id = %(runner)s::uuid)
+SELECT TRUE, (SELECT status FROM run WHERE id = %(run)s::uuid)
 """
 
 
-# runner_seen's form, for callers that have authenticated the runner already.
-_SEEN_SQL = _STATUS_SQL.replace(" AND runner_group_id = %(grp)s::bigint", "")
-
-
 def status(
-    *,
-    runner_id: uuid.UUID,
-    group_id: int | None,
-    run_id: uuid.UUID,
-    bound: bool,
-    now: datetime,
-    check_group: bool = True,
+    *, runner_id: uuid.UUID, group_id: int | None, run_id: uuid.UUID, bound: bool, now: datetime
 ) -> tuple[bool, str | None]:
-    """(the runner exists, the run's status or None when missing or not ``bound``)."""
-    args = {"runner": runner_id, "run": run_id, "bound": bound, "now": now}
-    row = (
-        prepared.fetchone(_STATUS_SQL, {**args, "grp": group_id}) if check_group else prepared.fetchone(_SEEN_SQL, args)
-    )
-    assert row is not None
+    """(the runner exists in ``group_id``, the run's status or None when missing or not ``bound``)."""
+    args = {"runner": runner_id, "grp": group_id, "run": run_id, "bound": bound, "now": now}
+    ((row,),) = prepared.run_script([(STATUS, args)], synchronous_commit=False)
     return bool(row[0]), row[1]
+
+
+def seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime) -> str | None:
+    """Refresh the runner's liveness; the run's status, or None when there is no such run."""
+    row = prepared.fetchone(_SEEN_SQL, {"runner": runner_id, "run": run_id, "now": now})
+    assert row is not None
+    return row[1]
 
 
 # ---------------------------------------------------------------- deregister

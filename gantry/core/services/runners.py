@@ -81,8 +81,7 @@ def runner_ready(*, runner_id: uuid.UUID, metadata: dict[str, Any] | None = None
 def runner_seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime | None = None) -> str:
     """The runner's /status: refresh its liveness and answer its run's status (one statement)."""
     now = resolve_now(now)
-    _, status = hotpath.status(runner_id=runner_id, group_id=None, run_id=run_id, bound=True, now=now,
-                                   check_group=False)  # fmt: skip
+    status = hotpath.seen(runner_id=runner_id, run_id=run_id, now=now)
     if status is None:
         raise NotFound("run not found")
     return status
@@ -98,8 +97,9 @@ def runner_status(
     the run's status (None: no such run). Unbound or for a runner that is gone,
     it writes nothing.
     """
-    return hotpath.status(runner_id=runner_id, group_id=runner_group_id, run_id=run_id, bound=bound,
-                          now=resolve_now(now))  # fmt: skip
+    return hotpath.status(
+        runner_id=runner_id, group_id=runner_group_id, run_id=run_id, bound=bound, now=resolve_now(now)
+    )
 
 
 _HOLDS_RUN_OF_PARAM = holds_run_sql("%(runner)s::uuid")
