@@ -71,7 +71,8 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
 
     def _group(self, claims: tokens.Claims) -> GroupPrincipal:
         group_id = _int(claims.subject)
-        row = prepared.fetchone(_GROUP_SQL, [group_id]) if _BIGINT_MIN <= group_id <= _BIGINT_MAX else None
+        in_range = _BIGINT_MIN <= group_id <= _BIGINT_MAX
+        row = prepared.fetchone(_GROUP, {"group": group_id}) if in_range else None
         # A rotated token carries an old version: revoked at once, not at expiry.
         if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
             raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
@@ -81,7 +82,7 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
 
     def _runner(self, claims: tokens.Claims) -> RunnerPrincipal:
         runner_id, run_id, group_id = _runner_claims(claims)
-        row = prepared.fetchone(_RUNNER_SQL, [runner_id, group_id])
+        row = prepared.fetchone(_RUNNER, {"runner": runner_id, "group": group_id})
         if row is None:
             raise exceptions.AuthenticationFailed("runner no longer exists")
         return RunnerPrincipal(runner=prepared.instance(Runner, row), run_id=run_id)
@@ -110,12 +111,20 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
 # session: the ORM's select_related built and compiled this join on every
 # runner call, 34% of the lifecycle's Python time (docs/performance.md).
 # No join: nothing on a group or runner route reads the organization row.
-_GROUP_SQL = f"SELECT {prepared.columns(RunnerGroup)} FROM runner_group WHERE id = %s::bigint"
+_GROUP = prepared.Statement(
+    "auth_group",
+    f"SELECT {prepared.columns(RunnerGroup)} FROM runner_group WHERE id = %(group)s",
+    [("group", "bigint")],
+)
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 _GROUP_VERSION = [f.attname for f in RunnerGroup._meta.concrete_fields].index("token_version")
 # The runner row only: runner views use its id, and anything reaching for
 # runner.runner_group still gets it (one lazy read, off the hot path).
-_RUNNER_SQL = f"SELECT {prepared.columns(Runner)} FROM runner WHERE id = %s::uuid AND runner_group_id = %s::bigint"
+_RUNNER = prepared.Statement(
+    "auth_runner",
+    f"SELECT {prepared.columns(Runner)} FROM runner WHERE id = %(runner)s AND runner_group_id = %(group)s",
+    [("runner", "uuid"), ("group", "bigint")],
+)
 
 
 def _runner_claims(claims: tokens.Claims) -> tuple[uuid.UUID, uuid.UUID, int | None]:

@@ -3,14 +3,18 @@
 A runner call is a handful of small statements, and building them through the
 ORM cost more CPU than PostgreSQL spent running them: query compilation was
 64% of the lifecycle's Python samples. The hot routes therefore run fixed SQL
-here, through psycopg's own prepared statements (``prepare=True``): parsed and
-planned once per database session, then one Bind/Execute round trip per call.
+here, as the claim does (gantry/dispatch/claim.py): each statement is
+``PREPARE``d by name once per database session, then ``EXECUTE``d, and a
+transaction of several goes to the server as one simple-query message
+(``BEGIN; EXECUTE ...; COMMIT``): one round trip, no parse or plan per call.
+(psycopg's own ``prepare=True`` is off on Django's connections: Django sets
+``prepare_threshold`` to None.)
 
 Rows come back as tuples; :func:`instance` turns one into a model instance
 without a query, so services still hand ``Run``/``Runner`` objects to callers.
 
-Inside a caller's transaction (a test, an ``atomic`` block) these run in it
-like any other statement; in autocommit each statement is its own transaction.
+Inside a caller's transaction (a test, an ``atomic`` block) the EXECUTEs run
+in it and the caller commits; in autocommit the message is its own transaction.
 """
 
 from __future__ import annotations
@@ -32,26 +36,6 @@ def _connection() -> tuple[Any, psycopg.Connection[Any]]:
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
     return db, db.connection
-
-
-def fetchone(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """Run ``sql`` (``%s`` placeholders) as a prepared statement; its first row, or None."""
-    db, conn = _connection()
-    # A server-side-binding cursor: Django's default ClientCursor inlines the
-    # values into the text, which can never be prepared.
-    with db.wrap_database_errors, psycopg.Cursor(conn) as cur:
-        cur.execute(sql, params, prepare=True)
-        # Every statement here returns rows (SELECT or RETURNING); not asking
-        # for cur.description spares building a Column object per column.
-        return cur.fetchone()
-
-
-def fetchall(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """Run ``sql`` as a prepared statement; all its rows."""
-    db, conn = _connection()
-    with db.wrap_database_errors, psycopg.Cursor(conn) as cur:
-        cur.execute(sql, params, prepare=True)
-        return cur.fetchall()
 
 
 def columns(model: type[Model], alias: str = "") -> str:
@@ -130,8 +114,14 @@ class Statement:
         self._prepared_on.pop(conn, None)
 
 
+def fetchone(statement: Statement, args: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """EXECUTE one statement (one round trip; in autocommit it is its own transaction); its first row, or None."""
+    rows = run_script([(statement, dict(args))], transaction=False)[0]
+    return rows[0] if rows else None
+
+
 def run_script(
-    steps: Sequence[tuple[Statement, dict[str, Any]]], *, synchronous_commit: bool = True
+    steps: Sequence[tuple[Statement, dict[str, Any]]], *, synchronous_commit: bool = True, transaction: bool = True
 ) -> list[list[tuple[Any, ...]]]:
     """Run the statements as one transaction in one round trip; each one's rows, in order.
 
@@ -141,15 +131,17 @@ def run_script(
     (in autocommit) and is raised as Django's database error.
     """
     db, conn = _connection()
-    own = db.get_autocommit() and not db.in_atomic_block
+    autocommit = db.get_autocommit() and not db.in_atomic_block
+    # One statement in autocommit is a transaction by itself: no BEGIN/COMMIT.
+    own = autocommit and transaction
     with db.wrap_database_errors:
         try:
             return _run(conn, steps, own=own, synchronous_commit=synchronous_commit)
         except psycopg.errors.InvalidSqlStatementName:
             # The session lost its prepared statements (DISCARD ALL or
             # DEALLOCATE by someone else): prepare again, run once more.
-            if not own:
-                raise
+            if not autocommit:
+                raise  # the caller's transaction is aborted: theirs to retry
             for statement, _ in steps:
                 statement.forget(conn)
             return _run(conn, steps, own=own, synchronous_commit=synchronous_commit)

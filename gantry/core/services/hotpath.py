@@ -41,15 +41,27 @@ def _literals(statuses: frozenset[str]) -> str:
 
 # not_ready → ready. A metadata field the runner did not send stays as it is
 # (NULL means "not given": the service drops None values before this).
-_READY_SQL = f"""
-UPDATE runner SET status = '{RunnerStatus.READY}', ready_at = %(now)s::timestamptz,
-    hostname = COALESCE(%(hostname)s::text, hostname), launcher = COALESCE(%(launcher)s::text, launcher),
-    pid = COALESCE(%(pid)s::integer, pid), container_id = COALESCE(%(container_id)s::text, container_id),
-    pod_name = COALESCE(%(pod_name)s::text, pod_name),
-    workflow_run_id = COALESCE(%(workflow_run_id)s::bigint, workflow_run_id)
-WHERE id = %(runner)s::uuid AND status = '{RunnerStatus.NOT_READY}'
+READY = prepared.Statement(
+    "ready",
+    f"""
+UPDATE runner SET status = '{RunnerStatus.READY}', ready_at = %(now)s,
+    hostname = COALESCE(%(hostname)s, hostname), launcher = COALESCE(%(launcher)s, launcher),
+    pid = COALESCE(%(pid)s, pid), container_id = COALESCE(%(container_id)s, container_id),
+    pod_name = COALESCE(%(pod_name)s, pod_name), workflow_run_id = COALESCE(%(workflow_run_id)s, workflow_run_id)
+WHERE id = %(runner)s AND status = '{RunnerStatus.NOT_READY}'
 RETURNING id
-"""
+""",
+    [
+        ("runner", "uuid"),
+        ("now", "timestamptz"),
+        ("hostname", "text"),
+        ("launcher", "text"),
+        ("pid", "integer"),
+        ("container_id", "text"),
+        ("pod_name", "text"),
+        ("workflow_run_id", "bigint"),
+    ],
+)
 
 
 def ready(*, runner_id: uuid.UUID, metadata: Mapping[str, Any], now: datetime) -> bool:
@@ -57,7 +69,7 @@ def ready(*, runner_id: uuid.UUID, metadata: Mapping[str, Any], now: datetime) -
     params = {
         k: metadata.get(k) for k in ("hostname", "launcher", "pid", "container_id", "pod_name", "workflow_run_id")
     }
-    return prepared.fetchone(_READY_SQL, {**params, "now": now, "runner": runner_id}) is not None
+    return prepared.fetchone(READY, {**params, "now": now, "runner": runner_id}) is not None
 
 
 # ---------------------------------------------------------------- status
@@ -85,10 +97,14 @@ STATUS = prepared.Statement(
 )
 # runner_seen's form, for callers that have authenticated the runner already
 # (durable commit: it is not the route's hot path).
-_SEEN_SQL = """
-WITH seen AS (UPDATE runner SET last_seen_at = %(now)s::timestamptz WHERE id = %(runner)s::uuid)
-SELECT TRUE, (SELECT status FROM run WHERE id = %(run)s::uuid)
-"""
+SEEN = prepared.Statement(
+    "seen",
+    """
+WITH seen AS (UPDATE runner SET last_seen_at = %(now)s WHERE id = %(runner)s)
+SELECT TRUE, (SELECT status FROM run WHERE id = %(run)s)
+""",
+    [("runner", "uuid"), ("now", "timestamptz"), ("run", "uuid")],
+)
 
 
 def status(
@@ -102,7 +118,7 @@ def status(
 
 def seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime) -> str | None:
     """Refresh the runner's liveness; the run's status, or None when there is no such run."""
-    row = prepared.fetchone(_SEEN_SQL, {"runner": runner_id, "run": run_id, "now": now})
+    row = prepared.fetchone(SEEN, {"runner": runner_id, "run": run_id, "now": now})
     assert row is not None
     return row[1]
 
@@ -110,10 +126,18 @@ def seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime) -> str | Non
 # ---------------------------------------------------------------- deregister
 
 
-def deregister(*, runner_id: uuid.UUID, holds_run_sql: str, now: datetime) -> bool:
-    """Delete the runner unless it holds a run; True when it was deleted."""
-    sql = f"DELETE FROM runner WHERE id = %(runner)s::uuid AND NOT {holds_run_sql} RETURNING id"
-    return prepared.fetchone(sql, {"runner": runner_id, "now": now}) is not None
+def deregister_statement(holds_run_sql: str) -> prepared.Statement:
+    """Delete the runner unless it holds a run (``holds_run_sql``: runners.holds_run_sql of ``%(runner)s``)."""
+    return prepared.Statement(
+        "deregister",
+        f"DELETE FROM runner WHERE id = %(runner)s AND NOT {holds_run_sql} RETURNING id",
+        [("runner", "uuid"), ("now", "timestamptz")],
+    )
+
+
+def deregister(*, statement: prepared.Statement, runner_id: uuid.UUID, now: datetime) -> bool:
+    """True when the runner row was deleted."""
+    return prepared.fetchone(statement, {"runner": runner_id, "now": now}) is not None
 
 
 # ---------------------------------------------------------------- accept
@@ -126,7 +150,9 @@ _RUN_WIDTH = prepared.width(Run)
 # exists), and the RunContext's spec and secrets read with it. One statement,
 # so one transaction without BEGIN or COMMIT; it locks run then runner, the
 # order every other writer of both uses.
-_ACCEPT_SQL = f"""
+ACCEPT = prepared.Statement(
+    "accept",
+    f"""
 WITH acc AS (
     UPDATE run SET status = '{RunStatus.RUNNING}', started_at = %(now)s::timestamptz, updated_at = %(now)s
     WHERE id = %(run)s::uuid AND status = '{RunStatus.ASSIGNED}' AND assigned_runner_id = %(runner)s::uuid
@@ -150,12 +176,14 @@ dep AS (
 )
 SELECT acc.*, d.spec, s.secrets FROM acc
 JOIN deployment d ON d.id = acc.deployment_id JOIN stack s ON s.id = acc.stack_id
-"""
+""",
+    [("run", "uuid"), ("runner", "uuid"), ("now", "timestamptz"), ("digest", "text")],
+)
 
 
 def accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, digest: str, now: datetime) -> Run | None:
     """The accepted run (its deployment's spec and stack's secrets loaded), or None when the guard failed."""
-    row = prepared.fetchone(_ACCEPT_SQL, {"run": run_id, "runner": runner_id, "digest": digest, "now": now})
+    row = prepared.fetchone(ACCEPT, {"run": run_id, "runner": runner_id, "digest": digest, "now": now})
     if row is None:
         return None
     run = prepared.instance(Run, row)

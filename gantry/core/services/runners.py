@@ -102,7 +102,7 @@ def runner_status(
     )
 
 
-_HOLDS_RUN_OF_PARAM = holds_run_sql("%(runner)s::uuid")
+_DEREGISTER = hotpath.deregister_statement(holds_run_sql("%(runner)s"))
 
 
 def runner_deregister(*, runner_id: uuid.UUID, now: datetime | None = None) -> None:
@@ -117,7 +117,7 @@ def runner_deregister(*, runner_id: uuid.UUID, now: datetime | None = None) -> N
     # One statement: the NOT EXISTS and the DELETE see the same snapshot,
     # and the run row lock taken by a concurrent accept makes that accept
     # commit first or see the runner gone.
-    if hotpath.deregister(runner_id=runner_id, holds_run_sql=_HOLDS_RUN_OF_PARAM, now=now):
+    if hotpath.deregister(statement=_DEREGISTER, runner_id=runner_id, now=now):
         return
     if not Runner.objects.filter(id=runner_id).exists():
         raise NotFound("runner not found")
