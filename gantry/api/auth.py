@@ -76,9 +76,12 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         # A rotated token carries an old version: revoked at once, not at expiry.
         if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
             raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
-        # The group's whole row; its organization loads on first access (no
-        # group route reads more of it than organization_id).
-        return GroupPrincipal(group=prepared.instance(RunnerGroup, row))
+        group = prepared.instance(RunnerGroup, row)
+        # As select_related("organization") did: the org is cached on the
+        # group, so no code reaching for it (an async poll handler among them)
+        # makes a query of its own.
+        group.organization = prepared.instance(Organization, row, prepared.width(RunnerGroup))
+        return GroupPrincipal(group=group)
 
     def _runner(self, claims: tokens.Claims) -> RunnerPrincipal:
         runner_id, run_id, group_id = _runner_claims(claims)
@@ -110,10 +113,10 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
 # One indexed read per call (the primary key), prepared once per database
 # session: the ORM's select_related built and compiled this join on every
 # runner call, 34% of the lifecycle's Python time (docs/performance.md).
-# No join: nothing on a group or runner route reads the organization row.
 _GROUP = prepared.Statement(
     "auth_group",
-    f"SELECT {prepared.columns(RunnerGroup)} FROM runner_group WHERE id = %(group)s",
+    f"SELECT {prepared.columns(RunnerGroup, 'g')}, {prepared.columns(Organization, 'o')} "
+    "FROM runner_group g JOIN organization o ON o.id = g.organization_id WHERE g.id = %(group)s",
     [("group", "bigint")],
 )
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1

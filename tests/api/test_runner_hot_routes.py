@@ -15,9 +15,11 @@ import uuid
 from typing import Any
 
 import pytest
-from rest_framework.test import APIClient
+from rest_framework.request import Request
+from rest_framework.test import APIClient, APIRequestFactory
 
 from gantry.api import fastbody
+from gantry.api.auth import BearerJWTAuthentication
 from gantry.api.runner_views import DoneSerializer, ReadySerializer, RunContextSerializer
 from gantry.core import services, tokens
 from gantry.core.models import Deployment, Run, RunEvent, Runner, RunnerGroup, RunToken, Stack
@@ -80,6 +82,18 @@ def test_it_hands_the_group_routes_a_whole_group(group: RunnerGroup, stack: Stac
     run, runner, _ = _claim(group)
     assert Run.objects.get(id=run).assigned_runner_id == uuid.UUID(runner)
     assert Runner.objects.get(id=runner).runner_group_id == group.id
+
+
+def test_it_hands_the_group_with_its_organization_loaded(group: RunnerGroup, django_assert_num_queries: Any) -> None:
+    token = tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
+    request = Request(APIRequestFactory().get("/", HTTP_AUTHORIZATION=f"Bearer {token}"))
+    authenticated = BearerJWTAuthentication().authenticate(request)
+    assert authenticated is not None
+    principal = authenticated[0]
+    with django_assert_num_queries(0):  # as select_related gave it: an async handler may read it
+        assert principal.group.organization.slug == "acme"
+        assert principal.group.labels == group.labels
+        assert principal.group.token_version == group.token_version
 
 
 @pytest.mark.parametrize("route", ["ready", "accept", "status", "done", "live", "deregister"])
