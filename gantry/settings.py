@@ -128,7 +128,8 @@ def _database_from_url(url: str) -> dict[str, object]:
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
         # A connection is checked before a request uses it: with the pool, as it
-        # leaves the pool (psycopg's check_connection, one empty query); without,
+        # leaves the pool (gantry/core/pool_check.py: psycopg's empty query, but
+        # only when the socket has something to read, which a dropped one has); without,
         # Django's own check of a kept connection. After a database restart a
         # dead connection is then replaced instead of failing the request.
         "CONN_HEALTH_CHECKS": True,
@@ -207,6 +208,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["gantry.api.parsers.StrictJSONParser"],
+    # DRF's negotiation, minus its parsing for a missing or */* Accept (gantry/api/negotiation.py).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "gantry.api.negotiation.FastContentNegotiation",
     "EXCEPTION_HANDLER": "gantry.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

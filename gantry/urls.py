@@ -6,8 +6,11 @@ from django.urls import include, path
 from gantry.web import ops, runner_client
 
 urlpatterns = [
-    path("admin/", admin.site.urls),
+    # The API first: Django tries patterns in order, and a path that misses
+    # the admin's include costs a walk over all of the admin's patterns (the
+    # runner calls are most of the traffic; docs/performance.md).
     path("api/v1/", include("gantry.api.urls")),
+    path("admin/", admin.site.urls),
     path("healthz", ops.healthz),
     path("readyz", ops.readyz),
     path("metrics", ops.metrics),

@@ -13,17 +13,18 @@ import uuid
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry import conf
-from gantry.api.auth import IsRunner, IsRunnerGroup
+from gantry.api import fastbody
+from gantry.api.auth import IsRunner, IsRunnerGroup, RunnerPrincipal
 from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
 from gantry.api.serializers import SpecSerializer
 from gantry.core import services
-from gantry.core.errors import BackendDispatchedGroup, InvalidRequest
+from gantry.core.errors import BackendDispatchedGroup, InvalidRequest, NotFound
 from gantry.core.models import GroupKind, RunStatus
 from gantry.dispatch import asyncpoll, oidc
 from gantry.dispatch import claim as dispatch
@@ -247,7 +248,7 @@ class ReadyView(APIView):
     )
     def post(self, request: Request, runner_id: uuid.UUID) -> Response:
         principal = runner_of(request, runner_id=runner_id)
-        data = validated(ReadySerializer, request)
+        data = fastbody.ready(request.data) or validated(ReadySerializer, request)
         services.runner_ready(runner_id=principal.runner.id, metadata=dict(data))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -290,7 +291,7 @@ class AcceptView(APIView):
         principal = runner_of(request, run_id=run_id)
         run, api_token = services.run_accept(run_id=run_id, runner_id=principal.runner.id)
         context = services.run_context(run=run, api_token=api_token)
-        return Response(RunContextSerializer(context).data)
+        return Response(fastbody.run_context(context) or RunContextSerializer(context).data)
 
 
 class RunStatusSerializer(serializers.Serializer):
@@ -299,6 +300,9 @@ class RunStatusSerializer(serializers.Serializer):
 
 
 class StatusView(APIView):
+    # The runner row is checked by the route's own statement (below), not by
+    # a read of its own in BearerJWTAuthentication.
+    runner_row_checked_by_route = True
     permission_classes = [IsRunner]
 
     @extend_schema(
@@ -308,8 +312,22 @@ class StatusView(APIView):
         "cancellation is requested. A terminal status means the runner should stop.",
     )
     def get(self, request: Request, run_id: uuid.UUID) -> Response:
-        principal = runner_of(request, run_id=run_id)
-        run_status = services.runner_seen(runner_id=principal.runner.id, run_id=run_id)
+        principal = request.user
+        assert isinstance(principal, RunnerPrincipal)
+        # One round trip: the runner row's check (401 when gone, before the
+        # binding's 403, as under the eager authentication), its liveness and
+        # the run's status, in one prepared statement.
+        found, run_status = services.runner_status(
+            runner_id=principal.runner.id,
+            runner_group_id=principal.runner.runner_group_id,
+            run_id=run_id,
+            bound=run_id == principal.run_id,
+        )
+        if not found:
+            raise exceptions.AuthenticationFailed("runner no longer exists")
+        runner_of(request, run_id=run_id)
+        if run_status is None:
+            raise NotFound("run not found")
         return Response(
             {
                 "status": run_status,
@@ -362,7 +380,7 @@ class DoneView(APIView):
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = runner_of(request, run_id=run_id)
-        data = validated(DoneSerializer, request)
+        data = fastbody.done(request.data) or validated(DoneSerializer, request)
         services.run_finish(
             run_id=run_id,
             runner_id=principal.runner.id,

@@ -11,21 +11,8 @@ from gantry.api import views as v
 from gantry.logs import views as lv
 
 urlpatterns = [
-    path("schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
-    path("orgs", v.OrgListView.as_view()),
-    path("orgs/<slug:org>", v.OrgDetailView.as_view()),
-    path("orgs/<slug:org>/members", v.MemberListView.as_view()),
-    path("orgs/<slug:org>/members/<str:username>/password-link", v.MemberPasswordLinkView.as_view()),
-    path("invitations", v.InvitationListView.as_view()),
-    path("invitations/<int:pk>/accept", v.InvitationAcceptView.as_view()),
-    path("invitations/<int:pk>/decline", v.InvitationDeclineView.as_view()),
-    path("orgs/<slug:org>/runner-groups", v.RunnerGroupListView.as_view()),
-    path("orgs/<slug:org>/stacks", v.StackListView.as_view()),
-    path("orgs/<slug:org>/runs-per-hour-limit", v.RunsPerHourLimitView.as_view()),
-    path("orgs/<slug:org>/dispatch-budget", bv.DispatchBudgetView.as_view()),
-    path("orgs/<slug:org>/queue", qv.QueueView.as_view()),
-    path("orgs/<slug:org>/runs", qv.RunListView.as_view()),
-    # The two-phase protocol: runner-group and runner calls.
+    # The two-phase protocol: runner-group and runner calls. First: they are
+    # most of the traffic, and Django tries the patterns in order.
     path("runner-groups/poll", rv.PollView.as_view()),
     path("runner-groups/dispatch-failed", rv.DispatchFailedView.as_view()),
     path("runner-groups/reconcile", rv.ReconcileView.as_view()),
@@ -41,6 +28,20 @@ urlpatterns = [
     path("runs/<uuid:run_id>/logs/live", lv.LiveLogView.as_view()),
     path("runs/<uuid:run_id>/logs/chunks/<int:n>", lv.ChunkUploadUrlView.as_view()),
     path("log-uploads/<str:token>", lv.LogUploadView.as_view(), name="log_upload"),
+    path("schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
+    path("orgs", v.OrgListView.as_view()),
+    path("orgs/<slug:org>", v.OrgDetailView.as_view()),
+    path("orgs/<slug:org>/members", v.MemberListView.as_view()),
+    path("orgs/<slug:org>/members/<str:username>/password-link", v.MemberPasswordLinkView.as_view()),
+    path("invitations", v.InvitationListView.as_view()),
+    path("invitations/<int:pk>/accept", v.InvitationAcceptView.as_view()),
+    path("invitations/<int:pk>/decline", v.InvitationDeclineView.as_view()),
+    path("orgs/<slug:org>/runner-groups", v.RunnerGroupListView.as_view()),
+    path("orgs/<slug:org>/stacks", v.StackListView.as_view()),
+    path("orgs/<slug:org>/runs-per-hour-limit", v.RunsPerHourLimitView.as_view()),
+    path("orgs/<slug:org>/dispatch-budget", bv.DispatchBudgetView.as_view()),
+    path("orgs/<slug:org>/queue", qv.QueueView.as_view()),
+    path("orgs/<slug:org>/runs", qv.RunListView.as_view()),
     # User and admin calls.
     path("runner-groups/<int:pk>", v.RunnerGroupDetailView.as_view()),
     path("runner-groups/<int:pk>/rotate-token", v.RunnerGroupRotateTokenView.as_view()),

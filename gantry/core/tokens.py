@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +53,34 @@ class Claims:
     raw: dict[str, Any]
 
 
+# Verified tokens without a time claim, per process: a runner sends the same
+# token on every call (/status every few seconds), and verifying it again cost
+# more than the route's database work. Keyed by the verification keys too, so
+# a key set that changes (rotation, a test's override) verifies afresh.
+# Revocation never depended on this: it is the row checks (token_version,
+# the runner row), made on every call. Bounded: an old entry is dropped.
+_VERIFIED: dict[tuple[str, tuple[tuple[str, str], ...]], Claims] = {}
+_VERIFIED_MAX = 8192
+_VERIFIED_LOCK = threading.Lock()
+_TIME_CLAIMS = ("exp", "nbf", "iat")
+
+
 def decode(token: str) -> Claims:
     """Verify signature, issuer and expiry (if any); the caller checks the audience."""
+    keys = tuple(sorted(settings.GANTRY_JWT_KEYS.items()))
+    cached = _VERIFIED.get((token, keys))
+    if cached is not None:
+        return cached
+    claims = _verify(token)
+    if not any(name in claims.raw for name in _TIME_CLAIMS):
+        with _VERIFIED_LOCK:  # request threads share the cache; eviction iterates it
+            while len(_VERIFIED) >= _VERIFIED_MAX:
+                _VERIFIED.pop(next(iter(_VERIFIED)))  # the oldest entry (dicts keep insertion order)
+            _VERIFIED[(token, keys)] = claims
+    return claims
+
+
+def _verify(token: str) -> Claims:
     try:
         header = jwt.get_unverified_header(token)
         key = settings.GANTRY_JWT_KEYS.get(str(header.get("kid", "")))

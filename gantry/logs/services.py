@@ -17,6 +17,7 @@ from typing import Any
 import redis
 from django.db import connection
 
+from gantry.core import prepared
 from gantry.core.errors import ChunkExists, Conflict, InvalidRequest, NotFound, RunTerminal
 from gantry.core.models import EXECUTING, TERMINAL, Run
 from gantry.logs import live
@@ -31,9 +32,22 @@ log = logging.getLogger("gantry.logs")
 FLUSH_THREADS = 16
 
 
+# A live push comes every few seconds from every running runner: its check is
+# one prepared EXECUTE, not an ORM query compiled per push (docs/performance.md,
+# "Runner routes"). The statuses are literals, so the plan is fixed.
+_HELD = prepared.Statement(
+    "log_held",
+    "SELECT EXISTS (SELECT 1 FROM run WHERE id = %(run)s AND assigned_runner_id = %(runner)s AND status IN ("
+    + ", ".join(f"'{status}'" for status in sorted(EXECUTING))
+    + "))",
+    [("run", "uuid"), ("runner", "uuid")],
+)
+
+
 def _held(run_id: uuid.UUID, runner_id: uuid.UUID) -> bool:
     """The runner is executing the run (accepted, not finished)."""
-    return Run.objects.filter(id=run_id, assigned_runner_id=runner_id, status__in=sorted(EXECUTING)).exists()
+    row = prepared.fetchone(_HELD, {"run": run_id, "runner": runner_id})
+    return bool(row and row[0])
 
 
 def live_push(*, run_id: uuid.UUID, runner_id: uuid.UUID, chunk_index: int, sealed_chunks: int, data: bytes) -> bool:

@@ -52,6 +52,7 @@ from gantry.core.services.runners import (
     runner_force_delete,
     runner_ready,
     runner_seen,
+    runner_status,
 )
 from gantry.core.services.runs import (
     run_accept,
@@ -137,6 +138,7 @@ __all__ = [
     "runner_group_update",
     "runner_ready",
     "runner_seen",
+    "runner_status",
     "selector_id_for",
     "stack_create",
     "stack_promote_next",

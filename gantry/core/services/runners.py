@@ -30,6 +30,7 @@ from gantry.core.models import (
     RunnerStatus,
     RunStatus,
 )
+from gantry.core.services import hotpath
 from gantry.core.services.runs import fail_executing_run, run_fail
 from gantry.core.services.transitions import resolve_now
 from gantry.logs import flush_live_log
@@ -66,10 +67,7 @@ def runner_ready(*, runner_id: uuid.UUID, metadata: dict[str, Any] | None = None
     """
     now = resolve_now(now)
     extra = {k: v for k, v in (metadata or {}).items() if k in RUNNER_METADATA and v is not None}
-    changed = Runner.objects.filter(id=runner_id, status=RunnerStatus.NOT_READY).update(
-        status=RunnerStatus.READY, ready_at=now, **extra
-    )
-    if changed:
+    if hotpath.ready(runner_id=runner_id, metadata=extra, now=now):
         return
     current = Runner.objects.filter(id=runner_id).values_list("status", flat=True).first()
     if current is None:
@@ -83,15 +81,28 @@ def runner_ready(*, runner_id: uuid.UUID, metadata: dict[str, Any] | None = None
 def runner_seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime | None = None) -> str:
     """The runner's /status: refresh its liveness and answer its run's status (one statement)."""
     now = resolve_now(now)
-    with connection.cursor() as cur:
-        cur.execute(
-            "WITH seen AS (UPDATE runner SET last_seen_at = %s WHERE id = %s) SELECT status FROM run WHERE id = %s",
-            [now, runner_id, run_id],
-        )
-        row = cur.fetchone()
-    if row is None:
+    status = hotpath.seen(runner_id=runner_id, run_id=run_id, now=now)
+    if status is None:
         raise NotFound("run not found")
-    return str(row[0])
+    return status
+
+
+def runner_status(
+    *, runner_id: uuid.UUID, runner_group_id: int | None, run_id: uuid.UUID, bound: bool, now: datetime | None = None
+) -> tuple[bool, str | None]:
+    """/status with the runner's authentication folded in, one round trip (docs/performance.md).
+
+    Answers whether the runner still exists in ``runner_group_id`` and, when
+    ``bound`` (the path is the token's run), refreshes its liveness and answers
+    the run's status (None: no such run). Unbound or for a runner that is gone,
+    it writes nothing.
+    """
+    return hotpath.status(
+        runner_id=runner_id, group_id=runner_group_id, run_id=run_id, bound=bound, now=resolve_now(now)
+    )
+
+
+_DEREGISTER = hotpath.deregister_statement(holds_run_sql("%(runner)s"))
 
 
 def runner_deregister(*, runner_id: uuid.UUID, now: datetime | None = None) -> None:
@@ -103,16 +114,11 @@ def runner_deregister(*, runner_id: uuid.UUID, now: datetime | None = None) -> N
     DELETE SET NULL, releases its run for dispatch at once.
     """
     now = resolve_now(now)
-    with connection.cursor() as cur:
-        # One statement: the NOT EXISTS and the DELETE see the same snapshot,
-        # and the run row lock taken by a concurrent accept makes that accept
-        # commit first or see the runner gone.
-        cur.execute(
-            f"DELETE FROM runner WHERE id = %(runner)s AND NOT {holds_run_sql('%(runner)s')} RETURNING id",
-            {"runner": runner_id, "now": now},
-        )
-        if cur.fetchone() is not None:
-            return
+    # One statement: the NOT EXISTS and the DELETE see the same snapshot,
+    # and the run row lock taken by a concurrent accept makes that accept
+    # commit first or see the runner gone.
+    if hotpath.deregister(statement=_DEREGISTER, runner_id=runner_id, now=now):
+        return
     if not Runner.objects.filter(id=runner_id).exists():
         raise NotFound("runner not found")
     raise RunnerHoldsRun("runner still holds a run; finish it (or let its lease lapse) first")

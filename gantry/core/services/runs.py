@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -36,18 +37,15 @@ from gantry.core.models import (
     TERMINAL,
     Run,
     Runner,
-    RunnerStatus,
     RunStatus,
-    RunToken,
 )
-from gantry.core.services import bulk
+from gantry.core.services import bulk, hotpath
 from gantry.core.services.transitions import (
+    record_finished,
     refusal,
     resolve_now,
-    sync_deployment,
     terminate,
     transition,
-    write_event,
 )
 from gantry.logs.limits import CHUNK_SIZE, SEAL_INTERVAL
 from gantry.logs.manifest import normalize_manifest
@@ -101,24 +99,21 @@ def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None 
     """
     now = resolve_now(now)
     api_token, digest = tokens.new_run_api_token()
-    with transaction.atomic():
-        changed = Run.objects.filter(
-            id=run_id, status=RunStatus.ASSIGNED, assigned_runner_id=runner_id, assigned_expires_at__gt=now
-        ).update(status=RunStatus.RUNNING, started_at=now, updated_at=now)
-        if changed == 1:
-            RunToken.objects.create(run_id=run_id, token_sha256=digest, created_at=now)
-            Runner.objects.filter(id=runner_id).update(status=RunnerStatus.BUSY, accepted_at=now, last_seen_at=now)
-            write_event(run_id, "accepted", now, runner_id=str(runner_id))
-            run = Run.objects.get(id=run_id)
-            sync_deployment(run, now)
-            if run.assigned_at is not None:
-                started = (now - run.assigned_at).total_seconds()
-                transaction.on_commit(
-                    lambda: metrics.record_run(
-                        organization_id=run.organization_id, timings={"claimed_to_accepted": started}
-                    )
+    # One prepared statement (hotpath): the guarded edge, the token, the busy
+    # runner, the event and the deployment, with the RunContext's spec and
+    # secrets read along.
+    run = hotpath.accept(run_id=run_id, runner_id=runner_id, digest=digest, now=now)
+    if run is not None:
+        if run.assigned_at is not None:
+            started = (now - run.assigned_at).total_seconds()
+            # Inside a caller's transaction this waits for its commit; in
+            # autocommit the statement has committed and it runs at once.
+            transaction.on_commit(
+                lambda: metrics.record_run(
+                    organization_id=run.organization_id, timings={"claimed_to_accepted": started}
                 )
-            return run, api_token
+            )
+        return run, api_token
     raise _accept_refusal(run_id=run_id, runner_id=runner_id, now=now)
 
 
@@ -237,6 +232,17 @@ def run_finish(
         # Checked before the transition: a refused /done changes nothing.
         fields["log_manifest"] = normalize_manifest(manifest, sealed_chunks=sealed_chunks)
         fields["sealed_chunks"] = fields["log_manifest"]["count"]
+    if runner_id is not None:
+        # The runner's /done, the common case: the lane lock and the whole
+        # terminal transition (event, deployment, token, next run promoted) in
+        # one round trip (hotpath). A refused guard changed nothing: the ORM
+        # path below tries the same guard again and names the refusal.
+        done = hotpath.finish(run_id=run_id, runner_id=runner_id, outcome=outcome, expected=expected,
+                              exit_code=exit_code, error=error, sealed_chunks=fields.get("sealed_chunks"),
+                              manifest=fields.get("log_manifest"), now=now)  # fmt: skip
+        if done is not None:
+            transaction.on_commit(partial(record_finished, done))
+            return done
     bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
     try:
         return terminate(

@@ -222,11 +222,12 @@ def terminate(
         )
         RunToken.objects.filter(run_id=run_id, revoked_at__isnull=True).update(revoked_at=now)
         stack_promote_next(stack_id=stack_id, now=now)
-        transaction.on_commit(partial(_record_finished, run))
+        transaction.on_commit(partial(record_finished, run))
     return run
 
 
-def _record_finished(run: Run) -> None:
+def record_finished(run: Run) -> None:
+    """Count a finished run in the metrics; called on commit."""
     # After commit: a rolled-back transition is never counted.
     timings = {}
     if run.first_pending_at is not None and run.finished_at is not None:  # a run skipped while queued never pended

@@ -1,0 +1,176 @@
+"""Prepared statements for the runner protocol's hot routes (docs/performance.md, "Runner routes").
+
+A runner call is a handful of small statements, and building them through the
+ORM cost more CPU than PostgreSQL spent running them: query compilation was
+64% of the lifecycle's Python samples. The hot routes therefore run fixed SQL
+here, as the claim does (gantry/dispatch/claim.py): each statement is
+``PREPARE``d by name once per database session, then ``EXECUTE``d, and a
+transaction of several goes to the server as one simple-query message
+(``BEGIN; EXECUTE ...; COMMIT``): one round trip, no parse or plan per call.
+(psycopg's own ``prepare=True`` is off on Django's connections: Django sets
+``prepare_threshold`` to None.)
+
+Rows come back as tuples; :func:`instance` turns one into a model instance
+without a query, so services still hand ``Run``/``Runner`` objects to callers.
+
+Inside a caller's transaction (a test, an ``atomic`` block) the EXECUTEs run
+in it and the caller commits; in autocommit the message is its own transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import Model
+from django.db.models.base import ModelState
+
+M = TypeVar("M", bound=Model)
+
+
+def _connection() -> tuple[Any, psycopg.Connection[Any]]:
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    return db, db.connection
+
+
+def columns(model: type[Model], alias: str = "") -> str:
+    """The model's concrete columns as a select list, in :func:`instance`'s order."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f'{prefix}"{f.column}"' for f in model._meta.concrete_fields)
+
+
+def width(model: type[Model]) -> int:
+    return len(model._meta.concrete_fields)
+
+
+def instance(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
+    """A model instance from ``row[offset:]`` laid out as :func:`columns`, as the ORM would build it (no query).
+
+    Field converters run as in a queryset (a JSON column arrives as text: Django
+    tells psycopg not to parse it, and the field's ``from_db_value`` does).
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    values = {}
+    for i, f in enumerate(model._meta.concrete_fields):
+        value = row[offset + i]
+        convert = getattr(f, "from_db_value", None)
+        if convert is not None and value is not None:
+            value = convert(value, None, db)
+        values[f.attname] = value
+    return loaded(model, **values)
+
+
+def loaded(model: type[M], **values: Any) -> M:
+    """A saved instance holding ``values`` (attnames); any other field loads on first access, as a deferred one.
+
+    Built as Django unpickles a model (``Model.__reduce__``): without running
+    ``__init__``, whose per-field defaults and signals cost more than the
+    route's statement (the models here have no init-signal receivers).
+    """
+    obj = model.__new__(model)
+    obj.__dict__.update(values)
+    state = ModelState()
+    state.adding = False
+    state.db = DEFAULT_DB_ALIAS
+    obj._state = state
+    return obj
+
+
+# ---------------------------------------------------------------- several statements in one message
+#
+# A transaction of several statements would cost a round trip each, plus BEGIN
+# and COMMIT. As the claim does (gantry/dispatch/claim.py), statements are
+# PREPAREd by name once per session, and BEGIN, their EXECUTEs and COMMIT go to
+# the server as one simple-query message: one round trip. Each statement of
+# that message still takes its own snapshot (READ COMMITTED), so a statement
+# after a lock sees what the lock waited for.
+
+
+class Statement:
+    """One named statement; ``params`` are (name, SQL type) in ``$n`` order, used as ``%(name)s`` in ``sql``."""
+
+    def __init__(self, label: str, sql: str, params: Sequence[tuple[str, str]]) -> None:
+        numbered = sql
+        for i, (name, _) in enumerate(params, 1):
+            numbered = numbered.replace(f"%({name})s", f"${i}")
+        # Named after the text, so a session never runs a stale version of it.
+        self.name = f"gantry_{label}_" + hashlib.sha256(numbered.encode()).hexdigest()[:12]
+        self.params = tuple(name for name, _ in params)
+        self.prepare_sql = f"PREPARE {self.name} ({', '.join(t for _, t in params)}) AS {numbered}"
+        self.execute_sql = f"EXECUTE {self.name} ({', '.join('%s' for _ in params)})"
+        self._prepared_on: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
+
+    def ensure_prepared(self, conn: psycopg.Connection[Any]) -> None:
+        if conn not in self._prepared_on:
+            conn.execute(self.prepare_sql)
+            self._prepared_on[conn] = True
+
+    def forget(self, conn: psycopg.Connection[Any]) -> None:
+        self._prepared_on.pop(conn, None)
+
+
+def fetchone(statement: Statement, args: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """EXECUTE one statement (one round trip; in autocommit it is its own transaction); its first row, or None."""
+    rows = run_script([(statement, dict(args))], transaction=False)[0]
+    return rows[0] if rows else None
+
+
+def run_script(
+    steps: Sequence[tuple[Statement, dict[str, Any]]], *, synchronous_commit: bool = True, transaction: bool = True
+) -> list[list[tuple[Any, ...]]]:
+    """Run the statements as one transaction in one round trip; each one's rows, in order.
+
+    In autocommit the message is ``BEGIN; EXECUTE ...; COMMIT``; inside a
+    caller's transaction (an ``atomic`` block, a test) it is the EXECUTEs
+    alone and the caller commits. Any error rolls back what the message did
+    (in autocommit) and is raised as Django's database error.
+    """
+    db, conn = _connection()
+    autocommit = db.get_autocommit() and not db.in_atomic_block
+    # One statement in autocommit is a transaction by itself: no BEGIN/COMMIT.
+    own = autocommit and transaction
+    with db.wrap_database_errors:
+        try:
+            return _run(conn, steps, own=own, synchronous_commit=synchronous_commit)
+        except psycopg.errors.InvalidSqlStatementName:
+            # The session lost its prepared statements (DISCARD ALL or
+            # DEALLOCATE by someone else): prepare again, run once more.
+            if not autocommit:
+                raise  # the caller's transaction is aborted: theirs to retry
+            for statement, _ in steps:
+                statement.forget(conn)
+            return _run(conn, steps, own=own, synchronous_commit=synchronous_commit)
+
+
+def _run(
+    conn: psycopg.Connection[Any],
+    steps: Sequence[tuple[Statement, dict[str, Any]]],
+    *,
+    own: bool,
+    synchronous_commit: bool,
+) -> list[list[tuple[Any, ...]]]:
+    for statement, _ in steps:
+        statement.ensure_prepared(conn)
+    parts = [statement.execute_sql for statement, _ in steps]
+    args = [args[name] for statement, args in steps for name in statement.params]
+    begin = ["BEGIN"] if synchronous_commit else ["BEGIN", "SET LOCAL synchronous_commit = off"]
+    text = "; ".join([*begin, *parts, "COMMIT"] if own else parts)
+    out: list[list[tuple[Any, ...]]] = []
+    with psycopg.ClientCursor(conn) as cur:
+        try:
+            cur.execute(text, args)
+            for _ in begin if own else ():
+                cur.nextset()  # past BEGIN's (and SET's) empty result
+            for _ in steps:
+                out.append(cur.fetchall() if cur.description else [])
+                cur.nextset()
+        except BaseException:
+            if own and not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            raise
+    return out

@@ -1,0 +1,606 @@
+"""Lifecycle benchmark: K simulated runners against the production server, and /healthz beside them.
+
+Usage (from the repository root, with the virtualenv)::
+
+    python -m tests.bench.lifecycle [--ks 1,4,16] [--seconds 8] [--repeat 3] [--runs 4000]
+                                    [--mode gthread | --server-cmd "gunicorn ... -b 127.0.0.1:{port}"]
+
+``DATABASE_URL`` names the database (default
+``postgres://postgres@127.0.0.1:5432/gantry_bench_lifecycle``); it is created
+when missing and migrated, and its Gantry tables are TRUNCATEd: never point
+this at a database whose data you want to keep. ``REDIS_URL`` defaults to
+``redis://127.0.0.1:6379/12``. It is a measurement, not a test: it exits 0
+either way. Results and their reading are in docs/performance.md ("Runner
+routes and the lifecycle benchmark").
+
+What it does, for each repetition and each K:
+
+1. Loads ``--runs`` pending runs (one stack and deployment each, set-based
+   SQL) for one org whose one self-hosted group never fills, and a budget the
+   bench never exhausts (every claim still makes its throttle call).
+2. Starts nothing new: one server, started once as a subprocess from
+   :data:`SERVER_MODES` (or ``--server-cmd``), serves every phase. The server
+   command lives in that one table.
+3. *lifecycle*: K threads, each one keep-alive HTTP connection, loop poll
+   (``wait=0``) → ready → accept → status → done → deregister for
+   ``--seconds``. Reported: runs/s, lifecycle calls/s, p50/p99 per call, and
+   server CPU per run split into Python (the server's processes, from
+   /proc/<pid>/stat) and PostgreSQL (the backends connected to the bench's
+   database, found by their process title, from /proc as well).
+4. *healthz*: the same K threads call ``GET /healthz`` for ``--seconds``:
+   requests/s and server CPU per request.
+5. *status*: 64 x K runners that hold an accepted run (set up with SQL), K
+   threads each calling ``/status`` for its share in turn for ``--seconds``:
+   the steady-state load of a fleet, as server CPU per request, compared with
+   /healthz. Many runners, not K: a runner calls every few seconds, and K
+   runners hammering their own rows would measure the dead versions of K hot
+   rows rather than the route.
+
+Each figure is the median over the repetitions; the phases interleave, so a
+neighbour's load on a shared machine falls on all of them alike. CPU is read
+per process, so it stays meaningful when the machine is shared; wall-clock
+rates do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from tests.bench.common import bootstrap, execute
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_lifecycle"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/12"
+ROOT = Path(__file__).resolve().parents[2]
+
+# The production server modes, in ONE place: ``{port}`` is filled in. gthread
+# is the README's WSGI mode (2 workers x 8 threads, as the issue measured);
+# asgi the uvicorn worker under gunicorn, for when production runs it.
+SERVER_MODES: dict[str, str] = {
+    "gthread": "gunicorn gantry.wsgi -b 127.0.0.1:{port} --worker-class gthread --workers 2 --threads 8",
+    "asgi": "gunicorn gantry.asgi:application -b 127.0.0.1:{port} -k uvicorn.workers.UvicornWorker --workers 2",
+}
+
+CALLS = ("poll", "ready", "accept", "status", "done", "deregister")
+SPEC = {"steps": [{"name": "bench", "run": "true"}]}
+# What runners/client.py sends: the host metadata, and the end with its log manifest.
+READY_BODY = {"hostname": "bench-host", "launcher": "local", "pid": 4242}
+DONE_BODY = {
+    "outcome": "succeeded",
+    "exit_code": 0,
+    "sealed_chunks": 1,
+    "manifest": {"count": 1, "sha256": ["ab" * 32]},
+}
+HUGE = 1_000_000
+# Runners per calling thread in the /status phase (each thread cycles over its share).
+HELD_PER_RUNNER = 64
+BENCH_RUNS_PER_HOUR = 100_000_000
+
+TARGET_CPU_PER_RUN_MS = 15.0
+TARGET_CALLS_RATIO = 0.5
+TARGET_STATUS_VS_HEALTHZ = 2.0
+
+# --------------------------------------------------------------------------- loading
+
+_LOAD_SQL = """
+WITH s AS (
+    INSERT INTO stack (organization_id, name, labels, spec, secrets, created_at)
+    SELECT %(org)s, 'b-' || g, '{}'::jsonb, NULL, '{}'::jsonb, %(base)s
+    FROM generate_series(1, %(n)s) g
+    RETURNING id, name
+),
+d AS (
+    INSERT INTO deployment (stack_id, status, created_by_id, spec, created_at, updated_at)
+    SELECT s.id, 'queued', NULL, %(spec)s::jsonb, %(base)s, %(base)s FROM s
+    RETURNING id, stack_id
+)
+INSERT INTO run (id, organization_id, stack_id, deployment_id, attempt, status, runner_selector, selector_id,
+                 first_pending_at, failure_reason, sealed_chunks, created_at, updated_at)
+SELECT gen_random_uuid(), %(org)s, d.stack_id, d.id, 1, 'pending', '{}'::jsonb, %(selector)s,
+       %(base)s + d.stack_id * interval '1 microsecond', '', 0, %(base)s, %(base)s
+FROM d
+"""
+
+
+@dataclass
+class Fleet:
+    group_id: int
+    group_token: str
+
+
+def setup_org() -> Fleet:
+    """An empty Gantry: one org, one self-hosted group that never fills, the empty selector."""
+    from gantry.core import tokens
+    from gantry.core.models import Organization, RunnerGroup, RunSelector
+
+    execute(
+        "TRUNCATE run_event, run_token, run, runner, deployment, stack, run_selector, runner_group, organization "
+        "CASCADE"
+    )
+    org = Organization.objects.create(slug="bench-lifecycle", name="bench", runs_per_hour_limit=BENCH_RUNS_PER_HOUR)
+    group = RunnerGroup.objects.create(organization=org, name="bench", labels={}, max_concurrent_runs=HUGE)
+    RunSelector.objects.create(organization=org, selector={})
+    return Fleet(group.id, tokens.mint_group_token(group_id=group.id, token_version=group.token_version))
+
+
+def load_runs(n: int) -> None:
+    """Replace every run with ``n`` fresh pending ones (and vacuum, as autovacuum would between bursts)."""
+    from django.utils import timezone
+
+    from gantry.core.models import Organization, RunSelector
+
+    org = Organization.objects.get(slug="bench-lifecycle")
+    execute("TRUNCATE run_event, run_token, run, runner, deployment, stack CASCADE")
+    execute("UPDATE runner_group SET runner_count = 0")
+    base = timezone.now() - timedelta(hours=1)
+    selector = RunSelector.objects.get(organization=org).id
+    execute(_LOAD_SQL, {"org": org.id, "n": n, "spec": json.dumps(SPEC), "base": base, "selector": selector})
+    execute("VACUUM (ANALYZE) run, stack, deployment, runner, runner_group, run_event, run_token")
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """The server under test, as a subprocess (its whole process tree is measured)."""
+
+    def __init__(self, command: str, env: dict[str, str]) -> None:
+        self.port = _free_port()
+        self.command = command.format(port=self.port)
+        venv_bin = str(Path(sys.executable).parent)
+        full_env = {**os.environ, **env, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "")}
+        self.proc = subprocess.Popen(
+            shlex.split(self.command),
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/healthz")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise SystemExit("server did not answer /healthz within 30 s")
+        # Every worker has imported Django by now only if each answered once: warm them.
+        time.sleep(1.0)
+
+    def pids(self) -> list[int]:
+        out = [self.proc.pid]
+        queue = [self.proc.pid]
+        while queue:
+            pid = queue.pop()
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                out.append(child)
+                queue.append(child)
+        return out
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backend_pids(database: str) -> list[int]:
+    """PostgreSQL backends connected to ``database``, but the bench's own (the server is on this host)."""
+    rows = execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", [database])
+    return [int(pid) for (pid,) in rows]
+
+
+@dataclass
+class CpuMeter:
+    server: Server
+    database: str
+    _start: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def _read(self) -> dict[str, dict[int, float]]:
+        return {
+            "py": {pid: _cpu_seconds(pid) for pid in self.server.pids()},
+            "pg": {pid: _cpu_seconds(pid) for pid in _backend_pids(self.database)},
+        }
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds since start, by side (a process that started meanwhile counts from zero)."""
+        end = self._read()
+        return {side: sum(cpu - self._start[side].get(pid, 0.0) for pid, cpu in end[side].items()) for side in end}
+
+
+# --------------------------------------------------------------------------- the simulated runners
+
+
+class Client:
+    """One keep-alive HTTP connection; every call timed."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def call(self, method: str, path: str, token: str | None, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        self.conn.request(method, path, body=data, headers=headers)
+        resp = self.conn.getresponse()
+        return resp.status, resp.read()
+
+
+@dataclass
+class PhaseResult:
+    seconds: float
+    runs: int = 0
+    calls: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    cpu: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    empty_polls: int = 0
+
+    @property
+    def n_calls(self) -> int:
+        return sum(len(v) for v in self.calls.values())
+
+
+def _timed(
+    out: dict[str, list[float]],
+    name: str,
+    client: Client,
+    method: str,
+    path: str,
+    token: str,
+    body: dict[str, Any] | None,
+    ok: int,
+) -> bytes:
+    t0 = time.perf_counter()
+    status, answer = client.call(method, path, token, body)
+    out[name].append(time.perf_counter() - t0)
+    if status != ok:
+        raise RuntimeError(f"{name} answered {status}: {answer[:300]!r}")
+    return answer
+
+
+def _lifecycle_loop(port: int, fleet: Fleet, deadline: float, res: PhaseResult, lock: threading.Lock) -> None:
+    client = Client(port)
+    calls: dict[str, list[float]] = defaultdict(list)
+    runs = empties = 0
+    try:
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            status, body = client.call("GET", "/api/v1/runner-groups/poll?wait=0", fleet.group_token)
+            calls["poll"].append(time.perf_counter() - t0)
+            if status == 204:
+                empties += 1
+                if empties > 50:
+                    break  # the pre-queued runs are used up
+                continue
+            if status != 200:
+                raise RuntimeError(f"poll answered {status}: {body[:300]!r}")
+            claim = json.loads(body)
+            run, runner, tok = claim["run_id"], claim["runner_id"], claim["runner_token"]
+            steps = (
+                ("ready", "POST", f"/api/v1/runners/{runner}/ready", READY_BODY, 204),
+                ("accept", "POST", f"/api/v1/runs/{run}/accept", None, 200),
+                ("status", "GET", f"/api/v1/runs/{run}/status", None, 200),
+                ("done", "POST", f"/api/v1/runs/{run}/done", DONE_BODY, 204),
+                ("deregister", "DELETE", f"/api/v1/runners/{runner}/deregister", None, 204),
+            )
+            for name, method, path, payload, ok in steps:
+                _timed(calls, name, client, method, path, tok, payload, ok)
+            runs += 1
+    except Exception as exc:  # reported, never hidden: a failing call invalidates the phase
+        with lock:
+            res.errors.append(repr(exc))
+    with lock:
+        res.runs += runs
+        res.empty_polls += empties
+        for k, v in calls.items():
+            res.calls[k].extend(v)
+
+
+def _repeat_loop(
+    port: int,
+    targets: Sequence[tuple[str, str | None]],
+    deadline: float,
+    res: PhaseResult,
+    lock: threading.Lock,
+    name: str,
+) -> None:
+    """GET each of ``targets`` (path, token) in turn until the deadline."""
+    client = Client(port)
+    times: list[float] = []
+    i = 0
+    try:
+        while time.perf_counter() < deadline:
+            path, token = targets[i % len(targets)]
+            i += 1
+            t0 = time.perf_counter()
+            status, body = client.call("GET", path, token)
+            times.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"{path} answered {status}: {body[:300]!r}")
+    except Exception as exc:
+        with lock:
+            res.errors.append(repr(exc))
+    with lock:
+        res.calls[name].extend(times)
+
+
+def _phase(meter: CpuMeter, k: int, seconds: float, target: Callable[..., None], *args: Any) -> PhaseResult:
+    res = PhaseResult(seconds=seconds)
+    lock = threading.Lock()
+    meter.start()
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    threads = [threading.Thread(target=target, args=(*args, deadline, res, lock)) for _ in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    res.seconds = time.perf_counter() - t0
+    res.cpu = meter.stop()
+    return res
+
+
+def hold_runs(fleet: Fleet, n: int) -> list[tuple[str, str]]:
+    """``n`` of the loaded runs made running on busy runners of their own, as accept leaves them; (run, token) each.
+
+    Written with SQL, not through the API: the /status phase wants many
+    runners, each calling as a fleet's would (every few seconds), not a few
+    runners hammering their own row (which would measure the dead row
+    versions of one hot row, not the route).
+    """
+    from gantry.core import tokens
+
+    runs = [r for (r,) in execute("SELECT id FROM run WHERE status = 'pending' ORDER BY first_pending_at DESC LIMIT %s",
+                                  [n])]  # fmt: skip
+    pairs = [(run, uuid.uuid4()) for run in runs]
+    for run, runner in pairs:
+        execute(
+            "INSERT INTO runner (id, runner_group_id, status, created_at, ready_at, accepted_at, last_seen_at, "
+            "hostname, launcher, container_id, pod_name) "
+            "VALUES (%s, %s, 'busy', now(), now(), now(), now(), 'bench', 'bench', '', '')",
+            [runner, fleet.group_id],
+        )
+        execute(
+            "UPDATE run SET status = 'running', assigned_runner_id = %s, assigned_at = now(), started_at = now(), "
+            "updated_at = now() WHERE id = %s",
+            [runner, run],
+        )
+    execute("VACUUM (ANALYZE) run, runner")
+    return [
+        (str(run), tokens.mint_runner_token(runner_id=runner, run_id=run, group_id=fleet.group_id))
+        for run, runner in pairs
+    ]
+
+
+def _status_phase(meter: CpuMeter, port: int, held: list[tuple[str, str]], k: int, seconds: float) -> PhaseResult:
+    """K threads, each calling /status for its share of the held runs in turn."""
+    res = PhaseResult(seconds=seconds)
+    lock = threading.Lock()
+    targets = [(f"/api/v1/runs/{run}/status", tok) for run, tok in held]
+    shares = [targets[i::k] for i in range(k)]
+    meter.start()
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    threads = [threading.Thread(target=_repeat_loop, args=(port, share, deadline, res, lock, "status"))
+               for share in shares]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    res.seconds = time.perf_counter() - t0
+    res.cpu = meter.stop()
+    return res
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1000
+
+
+@dataclass
+class Round:
+    k: int
+    life: PhaseResult
+    health: PhaseResult
+    status: PhaseResult
+
+    def runs_per_s(self) -> float:
+        return self.life.runs / self.life.seconds
+
+    def calls_per_s(self) -> float:
+        return self.life.n_calls / self.life.seconds
+
+    def health_per_s(self) -> float:
+        return self.health.n_calls / self.health.seconds
+
+    def cpu_per_run_ms(self, side: str) -> float:
+        return self.life.cpu[side] / max(1, self.life.runs) * 1000
+
+    def cpu_per_req_ms(self, phase: PhaseResult, side: str | None = None) -> float:
+        total = phase.cpu[side] if side else phase.cpu["py"] + phase.cpu["pg"]
+        return total / max(1, phase.n_calls) * 1000
+
+
+def _median(rounds: list[Round], fn: Callable[[Round], float]) -> float:
+    return statistics.median(fn(r) for r in rounds)
+
+
+def report(rounds: list[Round], command: str) -> bool:
+    print(f"\nserver: {command}")
+    print(f"cpus={os.cpu_count()}, load average now {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    ks = sorted({r.k for r in rounds})
+    print(f"medians of {len(rounds) // len(ks)} repetitions\n")
+    print(
+        "| K | runs/s | CPU/run ms (py + pg) | lifecycle calls/s | healthz req/s | ratio | healthz CPU/req ms | "
+        "status CPU/req ms (py + pg) | status ÷ healthz |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for k in ks:
+        rs = [r for r in rounds if r.k == k]
+        py = _median(rs, lambda r: r.cpu_per_run_ms("py"))
+        pg = _median(rs, lambda r: r.cpu_per_run_ms("pg"))
+        tot = _median(rs, lambda r: r.cpu_per_run_ms("py") + r.cpu_per_run_ms("pg"))
+        ratio = _median(rs, lambda r: r.calls_per_s() / r.health_per_s())
+        hz = _median(rs, lambda r: r.cpu_per_req_ms(r.health))
+        st = _median(rs, lambda r: r.cpu_per_req_ms(r.status))
+        st_py = _median(rs, lambda r: r.cpu_per_req_ms(r.status, "py"))
+        st_pg = _median(rs, lambda r: r.cpu_per_req_ms(r.status, "pg"))
+        st_ratio = _median(rs, lambda r: r.cpu_per_req_ms(r.status) / r.cpu_per_req_ms(r.health))
+        print(
+            f"| {k} | {_median(rs, Round.runs_per_s):.1f} | {tot:.1f} ({py:.1f} + {pg:.1f}) | "
+            f"{_median(rs, Round.calls_per_s):.0f} | {_median(rs, Round.health_per_s):.0f} | {ratio:.2f} | "
+            f"{hz:.2f} | {st:.2f} ({st_py:.2f} + {st_pg:.2f}) | {st_ratio:.2f} |"
+        )
+        if k == max(ks):
+            ok = tot <= TARGET_CPU_PER_RUN_MS and ratio >= TARGET_CALLS_RATIO and st_ratio <= TARGET_STATUS_VS_HEALTHZ
+            print(
+                f"\ntargets at K={k}: CPU/run {tot:.1f} ms (≤ {TARGET_CPU_PER_RUN_MS}): "
+                f"{'PASS' if tot <= TARGET_CPU_PER_RUN_MS else 'FAIL'}; calls ratio {ratio:.2f} "
+                f"(≥ {TARGET_CALLS_RATIO}): {'PASS' if ratio >= TARGET_CALLS_RATIO else 'FAIL'}; status ÷ healthz "
+                f"CPU {st_ratio:.2f} (≤ {TARGET_STATUS_VS_HEALTHZ}): "
+                f"{'PASS' if st_ratio <= TARGET_STATUS_VS_HEALTHZ else 'FAIL'}"
+            )
+    print("\nper call, ms, p50 / p99 (lifecycle phase; medians over repetitions)\n")
+    print("| K | " + " | ".join(CALLS) + " | healthz |")
+    print("|---" * (len(CALLS) + 2) + "|")
+    for k in ks:
+        rs = [r for r in rounds if r.k == k]
+        cells = [_p50_p99(rs, c) for c in CALLS]
+        hz_cell = _p50_p99(rs, "healthz", phase="health")
+        print(f"| {k} | " + " | ".join(cells) + f" | {hz_cell} |")
+    errors = [e for r in rounds for p in (r.life, r.health, r.status) for e in p.errors]
+    if errors:
+        print(f"\n{len(errors)} errors, first: {errors[0]}")
+    return ok
+
+
+def _p50_p99(rounds: list[Round], call: str, phase: str = "life") -> str:
+    def at(q: float) -> float:
+        return statistics.median(_pct(getattr(r, phase).calls[call], q) for r in rounds)
+
+    return f"{at(0.5):.1f} / {at(0.99):.1f}"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ks", type=_ints, default=[1, 4, 16], help="concurrent runners (default 1,4,16)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds per phase (default 8)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions; figures are medians (default 3)")
+    parser.add_argument("--runs", type=int, default=4000, help="pending runs loaded before each lifecycle phase")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--mode", choices=sorted(SERVER_MODES), default="gthread", help="a production server mode")
+    mode.add_argument("--server-cmd", help="the server command instead, with {port} for its port")
+    args = parser.parse_args(argv)
+
+    url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    if "gantry_bench" not in url:
+        url = DEFAULT_DATABASE_URL  # never the developer's own database: the bench truncates it
+    redis_url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+    bootstrap(url, redis_url=redis_url)
+    database = unquote(urlsplit(url).path.lstrip("/"))
+    fleet = setup_org()
+    command = args.server_cmd or SERVER_MODES[args.mode]
+    from django.conf import settings
+
+    env = {
+        "DATABASE_URL": url,
+        "REDIS_URL": os.environ["REDIS_URL"],
+        "GANTRY_SECRET_KEY": settings.SECRET_KEY,
+        "DJANGO_SETTINGS_MODULE": "gantry.settings",
+    }
+    server = Server(command, env)
+    meter = CpuMeter(server, database)
+    rounds: list[Round] = []
+    try:
+        for rep in range(args.repeat):
+            for k in args.ks:
+                load_runs(args.runs)
+                held = hold_runs(fleet, HELD_PER_RUNNER * k)
+                life = _phase(meter, k, args.seconds, _lifecycle_loop, server.port, fleet)
+                health = _phase(meter, k, args.seconds, _repeat_loop_args(server.port, "/healthz", None, "healthz"))
+                status = _status_phase(meter, server.port, held, k, args.seconds)
+                r = Round(k, life, health, status)
+                rounds.append(r)
+                print(
+                    f"rep {rep + 1} K={k:>2}: {r.runs_per_s():6.1f} runs/s, "
+                    f"{r.cpu_per_run_ms('py'):5.1f} + {r.cpu_per_run_ms('pg'):4.1f} ms CPU/run, "
+                    f"healthz {r.health_per_s():6.0f}/s at {r.cpu_per_req_ms(r.health):.2f} ms, "
+                    f"status {r.cpu_per_req_ms(r.status):.2f} ms CPU/req, "
+                    f"errors {len(life.errors) + len(health.errors) + len(status.errors)}",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+    report(rounds, server.command)
+    return 0
+
+
+def _repeat_loop_args(port: int, path: str, token: str | None, name: str) -> Callable[..., None]:
+    def loop(deadline: float, res: PhaseResult, lock: threading.Lock) -> None:
+        _repeat_loop(port, [(path, token)], deadline, res, lock, name)
+
+    return loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())
