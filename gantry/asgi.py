@@ -92,7 +92,7 @@ def _wake_attempt(group: Any, parked: Answer) -> Answer | None:
     """
     from rest_framework.renderers import JSONRenderer
 
-    from gantry.api.runner_views import ClaimSerializer
+    from gantry.api.runner_views import claim_answer
     from gantry.dispatch import claim as dispatch
 
     asyncpoll.count_attempt(asyncpoll.WAKE)
@@ -104,16 +104,7 @@ def _wake_attempt(group: Any, parked: Answer) -> Answer | None:
         connection.close()  # back to the pool before the poll parks again
     if result is None:
         return None
-    body = JSONRenderer().render(
-        ClaimSerializer(
-            {
-                "run_id": result.run_id,
-                "runner_id": result.runner_id,
-                "runner_token": result.runner_token,
-                "assigned_expires_at": result.assigned_expires_at,
-            }
-        ).data
-    )
+    body = JSONRenderer().render(claim_answer(result))
     headers = [(k, v) for k, v in parked[1] if k not in (b"content-length", b"content-type")]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     return 200, headers, body

@@ -47,6 +47,20 @@ class ClaimSerializer(serializers.Serializer):
     assigned_expires_at = serializers.DateTimeField(help_text="The runner must /accept before this.")
 
 
+def claim_answer(result: Any) -> dict[str, Any]:
+    """The 200 body of a won claim (the view's and the ASGI wake's alike)."""
+    return dict(
+        ClaimSerializer(
+            {
+                "run_id": result.run_id,
+                "runner_id": result.runner_id,
+                "runner_token": result.runner_token,
+                "assigned_expires_at": result.assigned_expires_at,
+            }
+        ).data
+    )
+
+
 def counted_claims(group: Any) -> Any:
     """The threaded wait's attempts, counted as the ASGI path counts them (the first, then each after a wake)."""
     kinds = iter([asyncpoll.FIRST])
@@ -107,16 +121,7 @@ class PollView(APIView):
             result = None
         if result is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(
-            ClaimSerializer(
-                {
-                    "run_id": result.run_id,
-                    "runner_id": result.runner_id,
-                    "runner_token": result.runner_token,
-                    "assigned_expires_at": result.assigned_expires_at,
-                }
-            ).data
-        )
+        return Response(claim_answer(result))
 
 
 class DispatchFailedSerializer(serializers.Serializer):
