@@ -19,24 +19,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import connection
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.childdb import database_url
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL = "/api/v1/runner-groups/poll"
-
-
-def database_url() -> str:
-    """DATABASE_URL for the child: the test database this test's rows are committed to."""
-    params = conninfo_to_dict(make_conninfo(settings.DATABASE_URL, dbname=connection.settings_dict["NAME"]))
-    user, host = params.get("user", "postgres"), params.get("host", "127.0.0.1")
-    port, name = params.get("port", "5432"), params["dbname"]
-    password = f":{params['password']}" if params.get("password") else ""
-    if str(host).startswith("/"):
-        return f"postgres://{user}{password}@/{name}?host={host}&port={port}"
-    return f"postgres://{user}{password}@{host}:{port}/{name}"
 
 
 @dataclass

@@ -23,28 +23,16 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from gantry.core import services
 from gantry.core.models import Organization, RunnerGroup
+from tests.childdb import database_url
 from tests.ports import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30
-
-
-def _database_url() -> str:
-    """DATABASE_URL for the child: the test database this test's rows are committed to."""
-    params = conninfo_to_dict(make_conninfo(settings.DATABASE_URL, dbname=connection.settings_dict["NAME"]))
-    user, host = params.get("user", "postgres"), params.get("host", "127.0.0.1")
-    port, name = params.get("port", "5432"), params["dbname"]
-    password = f":{params['password']}" if params.get("password") else ""
-    if str(host).startswith("/"):
-        return f"postgres://{user}{password}@/{name}?host={host}&port={port}"
-    return f"postgres://{user}{password}@{host}:{port}/{name}"
 
 
 def _status(url: str, token: str) -> int:
@@ -63,7 +51,7 @@ def _last_polled(group: RunnerGroup) -> Any:
 def test_sigterm_answers_a_parked_poll_at_once_and_the_server_exits(acme: Organization, tmp_path: Path) -> None:
     group, token = services.runner_group_create(org=acme, name="lp", labels={"os": "linux"})
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL}
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
     env["GANTRY_LOG_LEVEL"] = "WARNING"
     log = tmp_path / "gunicorn.log"
     with log.open("wb") as out:

@@ -20,14 +20,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
 from gantry.core.models import RunnerGroup, RunStatus, Stack
+from tests.childdb import database_url
 
 from .helpers import claim_at, deploy, reload
 from .test_metrics import value
@@ -36,15 +35,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = Path(sys.executable).parent / "celery"
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    auth = quote(s["USER"]) + (f":{quote(s['PASSWORD'])}" if s["PASSWORD"] else "")
-    host = s["HOST"] or ""
-    if host.startswith("/"):  # a Unix socket folder (the embedded PostgreSQL)
-        return f"postgres://{auth}@/{s['NAME']}?host={quote(host)}"
-    return f"postgres://{auth}@{host}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
 def _wait(cond: Callable[[], bool], timeout: float, what: str, log: Path) -> None:
@@ -64,7 +54,7 @@ def worker(tmp_path: Path) -> Iterator[Path]:
     log = tmp_path / "worker.log"
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "GANTRY_REAPER_INTERVAL": "2",
         "GANTRY_CELERY_QUEUE": f"gantry-test-{uuid.uuid4().hex[:12]}",
     }
