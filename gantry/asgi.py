@@ -8,6 +8,10 @@ Two routes through one event loop per process (docs/operations.md, "Sizing"):
   in a small pool of ``GANTRY_POLL_THREADS`` threads (default 3; a woken
   poll's claim has one more of its own), so answers
   are byte for byte those of the WSGI server; only the waiting moved.
+- The runner's hot calls (status, ready, accept, done, deregister) and the
+  poll's first attempt: gantry.api.fastlane, on the same threads, straight
+  from the scope; whatever it does not answer itself (every refusal, anything
+  unusual) goes on to Django below with its body replayed.
 - Everything else: the Django WSGI application in a pool of
   ``GANTRY_SYNC_THREADS`` threads (default 16), through a2wsgi. Not Django's
   own ASGI handler: it runs sync views with ``thread_sensitive=True``, on one
@@ -37,6 +41,7 @@ django_app = get_wsgi_application()
 from a2wsgi import WSGIMiddleware  # noqa: E402 - after Django is set up
 from a2wsgi.wsgi import build_environ  # noqa: E402
 
+from gantry.api import fastlane  # noqa: E402
 from gantry.dispatch import asyncpoll, longpoll  # noqa: E402
 from gantry.env import envint  # noqa: E402
 
@@ -78,6 +83,17 @@ def _call_view(scope: dict[str, Any], deferred: asyncpoll.Deferred) -> Answer:
             close()
     status, headers = started
     return int(status.split(" ", 1)[0]), [(k.lower().encode("latin1"), v.encode("latin1")) for k, v in headers], body
+
+
+def _first_pass(scope: dict[str, Any], deferred: asyncpoll.Deferred) -> Answer:
+    """The poll's first attempt: the fast lane's when it takes the request, else the Django view's."""
+    call = fastlane.admit(fastlane.POLL, scope) if fastlane.ENABLED else None
+    if call is not None:
+        call.deferred = deferred
+        answer = fastlane.serve(fastlane.POLL, call)
+        if answer is not None:
+            return answer
+    return _call_view(scope, deferred)
 
 
 def _wake_attempt(group: Any, parked: Answer) -> Answer | None:
@@ -162,7 +178,7 @@ async def _poll(scope: dict[str, Any], receive: Any, send: Any) -> None:
     started = loop.time()
     mark = h.mark()
     first = asyncpoll.Deferred()
-    answer = await loop.run_in_executor(_poll_pool, _call_view, scope, first)
+    answer = await loop.run_in_executor(_poll_pool, _first_pass, scope, first)
     if not first.empty or first.group_id is None or first.org_id is None:
         await _send(send, answer)  # a claim, an error, a throttle, or wait=0: as under WSGI
         return
@@ -208,6 +224,47 @@ async def _poll(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await _send(send, answer)
 
 
+async def _fast(route: fastlane.Route, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A hot runner call: the fast lane answers it on a request thread, or Django does (the body replayed)."""
+    call = fastlane.admit(route, scope)
+    if call is None:
+        await _sync(scope, receive, send)  # type: ignore[arg-type]
+        return
+    if route.body:
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client went away mid-body
+        call.body = body
+    loop = asyncio.get_running_loop()
+    answer = await loop.run_in_executor(_sync.executor, fastlane.serve, route, call)
+    if answer is not None:
+        await _send(send, answer)
+        return
+    await _sync(scope, _replay(call.body, receive) if route.body else receive, send)  # type: ignore[arg-type]
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """The whole request body (admit bounded it by its Content-Length); None when the client disconnected."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A receive that hands over the body already read, then the connection's own messages."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def again() -> Any:
+        return pending.pop() if pending else await receive()
+
+    return again
+
+
 async def _lifespan(receive: Any, send: Any) -> None:
     while True:
         message = await receive()
@@ -229,6 +286,8 @@ async def _lifespan(receive: Any, send: Any) -> None:
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"] == POLL_PATH and scope["method"] == "GET":
         await _poll(scope, receive, send)
+    elif scope["type"] == "http" and (route := fastlane.route_for(scope)) is not None and route is not fastlane.POLL:
+        await _fast(route, scope, receive, send)
     elif scope["type"] == "lifespan":
         await _lifespan(receive, send)
     else:

@@ -70,21 +70,10 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         raise exceptions.AuthenticationFailed("token audience is not accepted here")
 
     def _group(self, claims: tokens.Claims) -> GroupPrincipal:
-        group_id = _int(claims.subject)
-        in_range = _BIGINT_MIN <= group_id <= _BIGINT_MAX
-        row = prepared.fetchone(_GROUP, {"group": group_id}) if in_range else None
-        # A rotated token carries an old version: revoked at once, not at expiry.
-        if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
-            raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
-        group = prepared.instance(RunnerGroup, row)
-        # As select_related("organization") did: the org is cached on the
-        # group, so no code reaching for it (an async poll handler among them)
-        # makes a query of its own.
-        group.organization = prepared.instance(Organization, row, prepared.width(RunnerGroup))
-        return GroupPrincipal(group=group)
+        return GroupPrincipal(group=token_group(claims))
 
     def _runner(self, claims: tokens.Claims) -> RunnerPrincipal:
-        runner_id, run_id, group_id = _runner_claims(claims)
+        runner_id, run_id, group_id = runner_claims(claims)
         row = prepared.fetchone(_RUNNER, {"runner": runner_id, "group": group_id})
         if row is None:
             raise exceptions.AuthenticationFailed("runner no longer exists")
@@ -99,7 +88,7 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         "runner no longer exists" itself when its statement finds no such runner
         in that group. A view opts in with ``runner_row_checked_by_route = True``.
         """
-        runner_id, run_id, group_id = _runner_claims(claims)
+        runner_id, run_id, group_id = runner_claims(claims)
         if group_id is None:
             raise exceptions.AuthenticationFailed("runner no longer exists")  # no runner is in no group
         runner = prepared.loaded(Runner, id=runner_id, runner_group_id=group_id)
@@ -130,8 +119,24 @@ _RUNNER = prepared.Statement(
 )
 
 
-def _runner_claims(claims: tokens.Claims) -> tuple[uuid.UUID, uuid.UUID, int | None]:
-    """(runner, run, group) of a runner token; a malformed one is a 401."""
+def token_group(claims: tokens.Claims) -> RunnerGroup:
+    """The group of a verified group token, its organization loaded along (one read); revoked or gone: a 401."""
+    group_id = _int(claims.subject)
+    in_range = _BIGINT_MIN <= group_id <= _BIGINT_MAX
+    row = prepared.fetchone(_GROUP, {"group": group_id}) if in_range else None
+    # A rotated token carries an old version: revoked at once, not at expiry.
+    if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
+        raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
+    group = prepared.instance(RunnerGroup, row)
+    # As select_related("organization") did: the org is cached on the
+    # group, so no code reaching for it (an async poll handler among them)
+    # makes a query of its own.
+    group.organization = prepared.instance(Organization, row, prepared.width(RunnerGroup))
+    return group
+
+
+def runner_claims(claims: tokens.Claims) -> tuple[uuid.UUID, uuid.UUID, int | None]:
+    """(runner, run, group) of a verified runner token; a malformed one is a 401."""
     try:
         runner_id = uuid.UUID(claims.subject)
         run_id = uuid.UUID(str(claims.raw.get("run")))

@@ -72,6 +72,17 @@ def counted_claims(group: Any) -> Any:
     return attempt
 
 
+def poll_wait(raw: str) -> float:
+    """The poll's ``wait`` parameter in seconds; out of range or not a number: 400."""
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise InvalidRequest("wait must be a number of seconds from 0 to 30") from None
+    if not 0 <= wait <= min(30, conf.get().poll_max_wait):
+        raise InvalidRequest(f"wait must be from 0 to {min(30, conf.get().poll_max_wait)} seconds")
+    return wait
+
+
 class PollView(APIView):
     permission_classes = [IsRunnerGroup]
 
@@ -99,13 +110,7 @@ class PollView(APIView):
             # Its runs are claimed by Gantry's own dispatcher, under the per-org cap;
             # a coordinator polling it would go around both.
             raise BackendDispatchedGroup("a github_actions group is served by Gantry's backend dispatcher, not polled")
-        raw = request.query_params.get("wait", "0")
-        try:
-            wait = float(raw)
-        except ValueError:
-            raise InvalidRequest("wait must be a number of seconds from 0 to 30") from None
-        if not 0 <= wait <= min(30, conf.get().poll_max_wait):
-            raise InvalidRequest(f"wait must be from 0 to {min(30, conf.get().poll_max_wait)} seconds")
+        wait = poll_wait(request.query_params.get("wait", "0"))
         try:
             deferred = asyncpoll.deferred_of(request.META)
             if deferred is not None:
@@ -295,8 +300,13 @@ class AcceptView(APIView):
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = runner_of(request, run_id=run_id)
         run, api_token = services.run_accept(run_id=run_id, runner_id=principal.runner.id)
-        context = services.run_context(run=run, api_token=api_token)
-        return Response(fastbody.run_context(context) or RunContextSerializer(context).data)
+        return Response(accept_answer(run, api_token))
+
+
+def accept_answer(run: Any, api_token: str) -> dict[str, Any]:
+    """The 200 body of an accept: the RunContext (the view's and the fast lane's alike)."""
+    context = services.run_context(run=run, api_token=api_token)
+    return fastbody.run_context(context) or dict(RunContextSerializer(context).data)
 
 
 class RunStatusSerializer(serializers.Serializer):
@@ -333,12 +343,15 @@ class StatusView(APIView):
         runner_of(request, run_id=run_id)
         if run_status is None:
             raise NotFound("run not found")
-        return Response(
-            {
-                "status": run_status,
-                "cancel_requested": run_status in (RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING),
-            }
-        )
+        return Response(status_answer(run_status))
+
+
+def status_answer(run_status: str) -> dict[str, Any]:
+    """The 200 body of /status (the view's and the fast lane's alike)."""
+    return {
+        "status": run_status,
+        "cancel_requested": run_status in (RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING),
+    }
 
 
 class AcknowledgeCancelView(APIView):

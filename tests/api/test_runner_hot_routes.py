@@ -353,3 +353,46 @@ def test_it_renders_a_run_context_as_its_serializer_would(spec: dict[str, Any]) 
     if fast is not None:
         assert list(fast) == list(RunContextSerializer(context).data)
         assert _plain(fast) == _plain(RunContextSerializer(context).data)
+
+
+# ---------------------------------------------------------------- the token's group folded into the statement
+
+
+def test_the_hot_edges_change_nothing_for_a_runner_of_another_group(
+    group: RunnerGroup, stack: Stack, globex: Any
+) -> None:
+    # gantry.api.fastlane skips the separate authentication read: each edge's
+    # own statement checks the token's group, and refuses (None/False) with
+    # nothing written when the runner is not of it.
+    from django.utils import timezone
+
+    other, _ = services.runner_group_create(org=globex, name="other")
+    services.deployment_create(stack=stack)
+    run_id, runner_id, _ = _claim(group)
+    run, runner = uuid.UUID(run_id), uuid.UUID(runner_id)
+    now = timezone.now()
+
+    assert services.ready_hot(runner_id=runner, runner_group_id=other.id, metadata={"hostname": "x"}, now=now) is False
+    assert Runner.objects.get(id=runner).status == "not_ready"
+    assert services.ready_hot(runner_id=runner, runner_group_id=group.id, metadata={"hostname": "h"}, now=now) is True
+    assert Runner.objects.get(id=runner).hostname == "h"
+
+    assert services.accept_hot(run_id=run, runner_id=runner, runner_group_id=other.id, now=now) is None
+    assert Run.objects.get(id=run).status == "assigned"
+    assert not RunToken.objects.filter(run_id=run).exists()
+    accepted = services.accept_hot(run_id=run, runner_id=runner, runner_group_id=group.id, now=now)
+    assert accepted is not None
+    assert accepted[0].status == "running"
+
+    done = {"outcome": "succeeded", "exit_code": 0}
+    assert services.finish_hot(run_id=run, runner_id=runner, runner_group_id=other.id, now=now, **done) is None
+    assert Run.objects.get(id=run).status == "running"
+    assert not RunEvent.objects.filter(run_id=run, kind="finished").exists()
+    finished = services.finish_hot(run_id=run, runner_id=runner, runner_group_id=group.id, now=now, **done)
+    assert finished is not None
+    assert finished.status == "succeeded"
+
+    assert services.deregister_hot(runner_id=runner, runner_group_id=other.id, now=now) is False
+    assert Runner.objects.filter(id=runner).exists()
+    assert services.deregister_hot(runner_id=runner, runner_group_id=group.id, now=now) is True
+    assert not Runner.objects.filter(id=runner).exists()

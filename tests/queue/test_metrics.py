@@ -128,3 +128,40 @@ def test_http_requests_are_counted_by_route_pattern_not_path(teammate_api: APICl
                                                           ("status", "200")))  # fmt: skip
     assert samples[key] >= 1
     assert not any(str(run.id) in str(labels) for (_, labels) in samples)
+
+
+def test_run_figures_wait_in_the_process_and_reach_redis_in_one_summed_flush(acme: Organization) -> None:
+    from gantry import metrics
+    from gantry import redis as gantry_redis
+
+    key = metrics._runs_key()
+    metrics.flush_runs()  # whatever earlier tests left behind
+    gantry_redis.client().delete(key)
+    for seconds in (0.5, 0.7, 4.0):
+        metrics.record_run(organization_id=acme.id, timings={"pending_to_claimed": seconds}, finished="succeeded")
+    # Buffered: the runner routes make no Redis call for their figures.
+    assert gantry_redis.client().hgetall(key) == {}
+    metrics.flush_runs()
+    stored = {k.decode(): v.decode() for k, v in gantry_redis.client().hgetall(key).items()}
+    assert stored[f"bucket|pending_to_claimed|{acme.id}|0"] == "2"  # 0.5 and 0.7 (le 1), summed before the write
+    assert stored[f"bucket|pending_to_claimed|{acme.id}|2"] == "1"  # 4.0 (le 5)
+    assert stored[f"finished|{acme.id}|succeeded"] == "3"
+    assert float(stored[f"sum|pending_to_claimed|{acme.id}"]) == pytest.approx(5.2)
+    metrics.flush_runs()  # nothing left: nothing written twice
+    assert gantry_redis.client().hget(key, f"finished|{acme.id}|succeeded") == b"3"
+
+
+def test_the_background_flush_writes_buffered_figures_within_a_second_or_two(acme: Organization) -> None:
+    import time
+
+    from gantry import metrics
+    from gantry import redis as gantry_redis
+
+    key = metrics._runs_key()
+    metrics.flush_runs()
+    gantry_redis.client().delete(key)
+    metrics.record_run(organization_id=acme.id, timings={}, finished="failure")
+    deadline = time.monotonic() + 10 * metrics.FLUSH_SECONDS
+    while gantry_redis.client().hget(key, f"finished|{acme.id}|failure") is None:
+        assert time.monotonic() < deadline, "the flusher thread never wrote the buffered figure"
+        time.sleep(0.05)

@@ -37,6 +37,16 @@ def _literals(statuses: frozenset[str]) -> str:
     return ", ".join(f"'{s}'" for s in sorted(statuses))
 
 
+# The token's group, folded into the route's statement (gantry.api.fastlane
+# skips the separate authentication read): NULL when the caller has checked
+# the runner row already (the Django view's authentication did).
+_IN_GROUP = "(%(grp)s::bigint IS NULL OR runner_group_id = %(grp)s)"
+_RUNNER_IN_GROUP = (
+    "(%(grp)s::bigint IS NULL"
+    " OR EXISTS (SELECT 1 FROM runner g WHERE g.id = %(runner)s AND g.runner_group_id = %(grp)s))"
+)
+
+
 # ---------------------------------------------------------------- ready
 
 # not_ready → ready. A metadata field the runner did not send stays as it is
@@ -48,11 +58,12 @@ UPDATE runner SET status = '{RunnerStatus.READY}', ready_at = %(now)s,
     hostname = COALESCE(%(hostname)s, hostname), launcher = COALESCE(%(launcher)s, launcher),
     pid = COALESCE(%(pid)s, pid), container_id = COALESCE(%(container_id)s, container_id),
     pod_name = COALESCE(%(pod_name)s, pod_name), workflow_run_id = COALESCE(%(workflow_run_id)s, workflow_run_id)
-WHERE id = %(runner)s AND status = '{RunnerStatus.NOT_READY}'
+WHERE id = %(runner)s AND status = '{RunnerStatus.NOT_READY}' AND {_IN_GROUP}
 RETURNING id
 """,
     [
         ("runner", "uuid"),
+        ("grp", "bigint"),
         ("now", "timestamptz"),
         ("hostname", "text"),
         ("launcher", "text"),
@@ -64,12 +75,12 @@ RETURNING id
 )
 
 
-def ready(*, runner_id: uuid.UUID, metadata: Mapping[str, Any], now: datetime) -> bool:
-    """True when the runner went not_ready → ready now."""
+def ready(*, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, Any], now: datetime) -> bool:
+    """True when the runner (of ``group_id``, when given) went not_ready → ready now."""
     params = {
         k: metadata.get(k) for k in ("hostname", "launcher", "pid", "container_id", "pod_name", "workflow_run_id")
     }
-    return prepared.fetchone(READY, {**params, "now": now, "runner": runner_id}) is not None
+    return prepared.fetchone(READY, {**params, "now": now, "runner": runner_id, "grp": group_id}) is not None
 
 
 # ---------------------------------------------------------------- status
@@ -130,14 +141,14 @@ def deregister_statement(holds_run_sql: str) -> prepared.Statement:
     """Delete the runner unless it holds a run (``holds_run_sql``: runners.holds_run_sql of ``%(runner)s``)."""
     return prepared.Statement(
         "deregister",
-        f"DELETE FROM runner WHERE id = %(runner)s AND NOT {holds_run_sql} RETURNING id",
-        [("runner", "uuid"), ("now", "timestamptz")],
+        f"DELETE FROM runner WHERE id = %(runner)s AND {_IN_GROUP} AND NOT {holds_run_sql} RETURNING id",
+        [("runner", "uuid"), ("now", "timestamptz"), ("grp", "bigint")],
     )
 
 
-def deregister(*, statement: prepared.Statement, runner_id: uuid.UUID, now: datetime) -> bool:
-    """True when the runner row was deleted."""
-    return prepared.fetchone(statement, {"runner": runner_id, "now": now}) is not None
+def deregister(*, statement: prepared.Statement, runner_id: uuid.UUID, group_id: int | None, now: datetime) -> bool:
+    """True when the runner row (of ``group_id``, when given) was deleted."""
+    return prepared.fetchone(statement, {"runner": runner_id, "now": now, "grp": group_id}) is not None
 
 
 # ---------------------------------------------------------------- accept
@@ -156,7 +167,7 @@ ACCEPT = prepared.Statement(
 WITH acc AS (
     UPDATE run SET status = '{RunStatus.RUNNING}', started_at = %(now)s::timestamptz, updated_at = %(now)s
     WHERE id = %(run)s::uuid AND status = '{RunStatus.ASSIGNED}' AND assigned_runner_id = %(runner)s::uuid
-      AND assigned_expires_at > %(now)s
+      AND assigned_expires_at > %(now)s AND {_RUNNER_IN_GROUP}
     RETURNING {_RUN_COLUMNS}
 ),
 tok AS (INSERT INTO run_token (run_id, token_sha256, created_at) SELECT id, %(digest)s::text, %(now)s FROM acc),
@@ -177,13 +188,14 @@ dep AS (
 SELECT acc.*, d.spec, s.secrets FROM acc
 JOIN deployment d ON d.id = acc.deployment_id JOIN stack s ON s.id = acc.stack_id
 """,
-    [("run", "uuid"), ("runner", "uuid"), ("now", "timestamptz"), ("digest", "text")],
+    [("run", "uuid"), ("runner", "uuid"), ("now", "timestamptz"), ("digest", "text"), ("grp", "bigint")],
 )
 
 
-def accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, digest: str, now: datetime) -> Run | None:
+def accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, group_id: int | None, digest: str, now: datetime) -> Run | None:
     """The accepted run (its deployment's spec and stack's secrets loaded), or None when the guard failed."""
-    row = prepared.fetchone(ACCEPT, {"run": run_id, "runner": runner_id, "digest": digest, "now": now})
+    args = {"run": run_id, "runner": runner_id, "digest": digest, "now": now, "grp": group_id}
+    row = prepared.fetchone(ACCEPT, args)
     if row is None:
         return None
     run = prepared.instance(Run, row)
@@ -221,7 +233,7 @@ WITH fin AS (
     UPDATE run SET status = %(outcome)s, updated_at = %(now)s, finished_at = %(now)s, assigned_at = NULL,
         assigned_expires_at = NULL, exit_code = %(exit_code)s, failure_reason = %(error)s,
         sealed_chunks = COALESCE(%(sealed)s, sealed_chunks), log_manifest = COALESCE(%(manifest)s, log_manifest)
-    WHERE id = %(run)s AND status = ANY (%(expected)s) AND assigned_runner_id = %(runner)s
+    WHERE id = %(run)s AND status = ANY (%(expected)s) AND assigned_runner_id = %(runner)s AND {_RUNNER_IN_GROUP}
     RETURNING {_RUN_COLUMNS}
 ),
 event AS (
@@ -274,6 +286,7 @@ SELECT * FROM fin
         ("sealed", "integer"),
         ("manifest", "jsonb"),
         ("deployment_status", "text"),
+        ("grp", "bigint"),
     ],
 )
 
@@ -282,6 +295,7 @@ def finish(
     *,
     run_id: uuid.UUID,
     runner_id: uuid.UUID,
+    group_id: int | None,
     outcome: str,
     expected: frozenset[str],
     exit_code: int | None,
@@ -302,6 +316,7 @@ def finish(
         "sealed": sealed_chunks,
         "manifest": json.dumps(manifest) if manifest is not None else None,
         "deployment_status": DEPLOYMENT_STATUS_FOR_RUN[outcome],
+        "grp": group_id,
     }
     _, rows = prepared.run_script([(LOCK_STACK, {"run": run_id}), (FINISH, args)])
     return prepared.instance(Run, rows[0]) if rows else None

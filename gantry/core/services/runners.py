@@ -66,9 +66,9 @@ def runner_ready(*, runner_id: uuid.UUID, metadata: dict[str, Any] | None = None
     conflict.
     """
     now = resolve_now(now)
-    extra = {k: v for k, v in (metadata or {}).items() if k in RUNNER_METADATA and v is not None}
-    if hotpath.ready(runner_id=runner_id, metadata=extra, now=now):
+    if ready_hot(runner_id=runner_id, runner_group_id=None, metadata=metadata, now=now):
         return
+    extra = _metadata(metadata)
     current = Runner.objects.filter(id=runner_id).values_list("status", flat=True).first()
     if current is None:
         raise NotFound("runner not found")
@@ -76,6 +76,20 @@ def runner_ready(*, runner_id: uuid.UUID, metadata: dict[str, Any] | None = None
         raise RunnerBusy("runner has already accepted its run")
     if extra:
         Runner.objects.filter(id=runner_id).update(**extra)
+
+
+def ready_hot(*, runner_id: uuid.UUID, runner_group_id: int | None, metadata: dict[str, Any] | None,
+              now: datetime) -> bool:  # fmt: skip
+    """Ready's common case alone (one statement): True when the runner went not_ready → ready now.
+
+    False changed nothing: the runner is ready already, busy, gone, or not of
+    ``runner_group_id`` (None: not checked), and :func:`runner_ready` says which.
+    """
+    return hotpath.ready(runner_id=runner_id, group_id=runner_group_id, metadata=_metadata(metadata), now=now)
+
+
+def _metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (metadata or {}).items() if k in RUNNER_METADATA and v is not None}
 
 
 def runner_seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime | None = None) -> str:
@@ -114,14 +128,21 @@ def runner_deregister(*, runner_id: uuid.UUID, now: datetime | None = None) -> N
     DELETE SET NULL, releases its run for dispatch at once.
     """
     now = resolve_now(now)
-    # One statement: the NOT EXISTS and the DELETE see the same snapshot,
-    # and the run row lock taken by a concurrent accept makes that accept
-    # commit first or see the runner gone.
-    if hotpath.deregister(statement=_DEREGISTER, runner_id=runner_id, now=now):
+    if deregister_hot(runner_id=runner_id, runner_group_id=None, now=now):
         return
     if not Runner.objects.filter(id=runner_id).exists():
         raise NotFound("runner not found")
     raise RunnerHoldsRun("runner still holds a run; finish it (or let its lease lapse) first")
+
+
+def deregister_hot(*, runner_id: uuid.UUID, runner_group_id: int | None, now: datetime) -> bool:
+    """Deregister's common case alone: True when the row (of ``runner_group_id``, when given) was deleted.
+
+    One statement: the NOT EXISTS and the DELETE see the same snapshot, and
+    the run row lock taken by a concurrent accept makes that accept commit
+    first or see the runner gone. False changed nothing.
+    """
+    return hotpath.deregister(statement=_DEREGISTER, runner_id=runner_id, group_id=runner_group_id, now=now)
 
 
 def dispatch_failed(

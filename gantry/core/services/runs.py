@@ -98,23 +98,34 @@ def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None 
     and "When the run is already terminal at accept".
     """
     now = resolve_now(now)
-    api_token, digest = tokens.new_run_api_token()
-    # One prepared statement (hotpath): the guarded edge, the token, the busy
-    # runner, the event and the deployment, with the RunContext's spec and
-    # secrets read along.
-    run = hotpath.accept(run_id=run_id, runner_id=runner_id, digest=digest, now=now)
-    if run is not None:
-        if run.assigned_at is not None:
-            started = (now - run.assigned_at).total_seconds()
-            # Inside a caller's transaction this waits for its commit; in
-            # autocommit the statement has committed and it runs at once.
-            transaction.on_commit(
-                lambda: metrics.record_run(
-                    organization_id=run.organization_id, timings={"claimed_to_accepted": started}
-                )
-            )
-        return run, api_token
+    accepted = accept_hot(run_id=run_id, runner_id=runner_id, runner_group_id=None, now=now)
+    if accepted is not None:
+        return accepted
     raise _accept_refusal(run_id=run_id, runner_id=runner_id, now=now)
+
+
+def accept_hot(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None, now: datetime
+) -> tuple[Run, str] | None:
+    """Accept's common case alone: the run and its clear-text API token, or None (nothing changed).
+
+    One prepared statement (hotpath): the guarded edge, the token, the busy
+    runner, the event and the deployment, with the RunContext's spec and
+    secrets read along. None: the guard failed (or the runner is not of
+    ``runner_group_id``; None: not checked), and :func:`run_accept` names why.
+    """
+    api_token, digest = tokens.new_run_api_token()
+    run = hotpath.accept(run_id=run_id, runner_id=runner_id, group_id=runner_group_id, digest=digest, now=now)
+    if run is None:
+        return None
+    if run.assigned_at is not None:
+        started = (now - run.assigned_at).total_seconds()
+        # Inside a caller's transaction this waits for its commit; in
+        # autocommit the statement has committed and it runs at once.
+        transaction.on_commit(
+            lambda: metrics.record_run(organization_id=run.organization_id, timings={"claimed_to_accepted": started})
+        )
+    return run, api_token
 
 
 def run_context(*, run: Run, api_token: str) -> dict[str, Any]:
@@ -217,31 +228,14 @@ def run_finish(
     kept on the run for the log reader; it must agree with ``sealed_chunks``.
     """
     now = resolve_now(now)
-    expected: frozenset[str]
-    if outcome in (RunStatus.SUCCEEDED, RunStatus.FAILURE):
-        expected = EXECUTING
-    elif outcome == RunStatus.CANCELLED:
-        # A runner reports cancelled only when cancellation was asked of it.
-        expected = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
-    else:
-        raise InvalidRequest("outcome must be one of: succeeded, failure, cancelled")
-    fields: dict[str, Any] = {"exit_code": exit_code, "failure_reason": error}
-    if sealed_chunks is not None:
-        fields["sealed_chunks"] = sealed_chunks
-    if manifest is not None:
-        # Checked before the transition: a refused /done changes nothing.
-        fields["log_manifest"] = normalize_manifest(manifest, sealed_chunks=sealed_chunks)
-        fields["sealed_chunks"] = fields["log_manifest"]["count"]
+    expected, fields = _finish_terms(outcome, exit_code, error, sealed_chunks, manifest)
     if runner_id is not None:
         # The runner's /done, the common case: the lane lock and the whole
         # terminal transition (event, deployment, token, next run promoted) in
         # one round trip (hotpath). A refused guard changed nothing: the ORM
         # path below tries the same guard again and names the refusal.
-        done = hotpath.finish(run_id=run_id, runner_id=runner_id, outcome=outcome, expected=expected,
-                              exit_code=exit_code, error=error, sealed_chunks=fields.get("sealed_chunks"),
-                              manifest=fields.get("log_manifest"), now=now)  # fmt: skip
+        done = _finish_hot(run_id, runner_id, None, outcome, expected, fields, now)
         if done is not None:
-            transaction.on_commit(partial(record_finished, done))
             return done
     bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
     try:
@@ -276,6 +270,73 @@ def run_finish(
                 status=run.status,
             ) from exc
         raise
+
+
+def finish_hot(
+    *,
+    run_id: uuid.UUID,
+    runner_id: uuid.UUID,
+    runner_group_id: int | None,
+    outcome: str,
+    exit_code: int | None = None,
+    error: str = "",
+    sealed_chunks: int | None = None,
+    manifest: Mapping[str, Any] | None = None,
+    now: datetime,
+) -> Run | None:
+    """The runner's /done, common case alone: the finished run, or None (nothing changed).
+
+    An invalid outcome or manifest raises before anything is written, as
+    :func:`run_finish` does; None means the guard failed (the run is not this
+    runner's executing run, or the runner not of ``runner_group_id``; None:
+    not checked), and :func:`run_finish` names why or accepts a replay.
+    """
+    expected, fields = _finish_terms(outcome, exit_code, error, sealed_chunks, manifest)
+    return _finish_hot(run_id, runner_id, runner_group_id, outcome, expected, fields, now)
+
+
+def _finish_terms(
+    outcome: str,
+    exit_code: int | None,
+    error: str,
+    sealed_chunks: int | None,
+    manifest: Mapping[str, Any] | None,
+) -> tuple[frozenset[str], dict[str, Any]]:
+    """The statuses /done may end, and the run's fields it writes; a refusal raises (before any write)."""
+    expected: frozenset[str]
+    if outcome in (RunStatus.SUCCEEDED, RunStatus.FAILURE):
+        expected = EXECUTING
+    elif outcome == RunStatus.CANCELLED:
+        # A runner reports cancelled only when cancellation was asked of it.
+        expected = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
+    else:
+        raise InvalidRequest("outcome must be one of: succeeded, failure, cancelled")
+    fields: dict[str, Any] = {"exit_code": exit_code, "failure_reason": error}
+    if sealed_chunks is not None:
+        fields["sealed_chunks"] = sealed_chunks
+    if manifest is not None:
+        # Checked before the transition: a refused /done changes nothing.
+        fields["log_manifest"] = normalize_manifest(manifest, sealed_chunks=sealed_chunks)
+        fields["sealed_chunks"] = fields["log_manifest"]["count"]
+    return expected, fields
+
+
+def _finish_hot(
+    run_id: uuid.UUID,
+    runner_id: uuid.UUID,
+    runner_group_id: int | None,
+    outcome: str,
+    expected: frozenset[str],
+    fields: dict[str, Any],
+    now: datetime,
+) -> Run | None:
+    done = hotpath.finish(run_id=run_id, runner_id=runner_id, group_id=runner_group_id, outcome=outcome,
+                          expected=expected, exit_code=fields["exit_code"], error=fields["failure_reason"],
+                          sealed_chunks=fields.get("sealed_chunks"), manifest=fields.get("log_manifest"),
+                          now=now)  # fmt: skip
+    if done is not None:
+        transaction.on_commit(partial(record_finished, done))
+    return done
 
 
 def run_fail(

@@ -1,0 +1,402 @@
+"""The runner protocol's hot calls answered straight from the ASGI scope, under gantry.asgi (docs/performance.md).
+
+Under the production server mode every runner call crossed a2wsgi, ten
+middlewares, the URL resolver and DRF's dispatch before it reached a statement
+that PostgreSQL runs in a fraction of that time: about 3 ms of Python per call
+against 0.75 ms for a bare ``/healthz``. For the calls a well-behaved runner
+and coordinator make (status, ready, accept, done, deregister, and the poll's
+first attempt) this lane does only what the call needs: verify the token (a
+cached check), hold the path to the token's run binding, run the route's one
+statement with the token's group folded in (no separate authentication read),
+and answer the bytes the Django view answers, headers included.
+
+It answers only calls that succeed. Anything else (a header it does not
+expect, a body outside gantry.api.fastbody's plain shapes, a token that does
+not verify, a guard that fails, a database error) goes to the Django
+application unchanged: this module returns None before anything was written
+or after a statement that changed nothing, so every refusal, its code and its
+wording stay the views'. After a write has committed it never hands over (a
+second attempt would see its own effect): an unexpected error there answers
+500 as Django would.
+
+The lane reproduces the effect of exactly :data:`KNOWN_MIDDLEWARE` on these
+answers (security headers, host check, the request metric). With another
+middleware list, or ``GANTRY_FAST_LANE=false``, it is off and Django answers
+every call. ``gantry.wsgi`` and ``runserver`` never use it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+from django.http.request import split_domain_port, validate_host
+from django.urls import resolve
+from django.urls.converters import UUIDConverter
+from django.utils import timezone
+from prometheus_client import Counter
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.renderers import JSONRenderer
+from rest_framework.views import APIView
+
+from gantry.api import fastbody, runner_views
+from gantry.api.auth import runner_claims, token_group
+from gantry.core import services, tokens
+from gantry.core.errors import GantryError
+from gantry.core.models import GroupKind
+from gantry.dispatch import asyncpoll
+from gantry.dispatch import claim as dispatch
+from gantry.env import envbool
+from gantry.logs import live as live_logs
+from gantry.web.http_metrics import REQUEST_SECONDS
+
+log = logging.getLogger("gantry.api")
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+# The middleware whose effect on a runner call's answer this lane reproduces
+# (below: _security_headers, _host_ok, the REQUEST_SECONDS observation). A
+# change to settings.MIDDLEWARE turns the lane off until it is checked here.
+KNOWN_MIDDLEWARE = (
+    "gantry.web.http_metrics.HttpMetricsMiddleware",
+    "gantry.web.middleware.BodyLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+)
+# Bodies the lane reads itself (ready's and done's are a few hundred bytes);
+# a larger one, or one without a Content-Length, is Django's to judge.
+MAX_BODY = 64 * 1024
+
+CALLS = Counter(
+    "gantry_fast_lane_requests_total",
+    "Hot runner calls by route and by who answered: served (this lane) or django (handed over).",
+    ["route", "outcome"],
+)
+SERVED, DJANGO = "served", "django"
+
+_UUID = UUIDConverter.regex
+_ACCEPTED = frozenset({b"*/*", b"application/json"})  # FastContentNegotiation's own shortcut
+_JSON = b"application/json"
+
+
+def _disabled_reason() -> str | None:
+    if not envbool("GANTRY_FAST_LANE", True):
+        return "GANTRY_FAST_LANE is false"
+    if tuple(settings.MIDDLEWARE) != KNOWN_MIDDLEWARE:
+        return "settings.MIDDLEWARE differs from the list the lane reproduces (gantry/api/fastlane.py)"
+    if settings.SECURE_SSL_REDIRECT or settings.SECURE_HSTS_SECONDS or settings.DISALLOWED_USER_AGENTS:
+        return "SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS or DISALLOWED_USER_AGENTS is set (not reproduced here)"
+    if settings.PREPEND_WWW or settings.APPEND_SLASH:
+        return "PREPEND_WWW or APPEND_SLASH is set (CommonMiddleware would redirect)"
+    return None
+
+
+def _security_headers() -> list[tuple[bytes, bytes]]:
+    """What XFrameOptionsMiddleware, CommonMiddleware (the length, added by the caller) and SecurityMiddleware add."""
+    out = [(b"x-frame-options", str(settings.X_FRAME_OPTIONS).upper().encode())]
+    tail = []
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        tail.append((b"x-content-type-options", b"nosniff"))
+    policy = settings.SECURE_REFERRER_POLICY
+    if policy:
+        value = policy if isinstance(policy, str) else ",".join(policy)
+        tail.append((b"referrer-policy", value.encode()))
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        tail.append((b"cross-origin-opener-policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY.encode()))
+    return [*out, (b"content-length", b""), *tail]  # the empty length is filled per answer
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass
+class Call:
+    """One admitted request: the path's ids, the bearer token, and the body (bytes) when the route reads one."""
+
+    ids: dict[str, uuid.UUID]
+    token: str
+    query: bytes
+    body: bytes = b""
+    deferred: asyncpoll.Deferred | None = None  # the poll's: what gantry.asgi reads to park it
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    method: str
+    path: re.Pattern[str]
+    view: type[APIView]
+    handler: Callable[[Call], Answer | None]
+    body: bool = False
+    query: bool = False  # the poll's ?wait=
+
+    def answer(self, status: int, body: bytes | None = None) -> Answer:
+        """The view's answer: its content type, DRF's Allow, then the middleware's headers."""
+        headers = [(b"content-type", _JSON)] if body is not None else []
+        headers.append((b"allow", _allow[self.name]))
+        for name, value in _headers:
+            headers.append((name, str(len(body or b"")).encode()) if name == b"content-length" else (name, value))
+        return status, headers, body or b""
+
+
+def admit(route: Route, scope: dict[str, Any]) -> Call | None:
+    """The call's parts when its request is one this lane answers as Django would; None: Django's."""
+    if scope.get("root_path") or (scope.get("query_string") and not route.query):
+        return None
+    ids = route.path.fullmatch(scope["path"])
+    if ids is None:
+        return None
+    seen: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in _READ_HEADERS:
+            if name in seen:
+                return None  # a repeated one: Django would see them joined
+            seen[name] = value
+    if not _host_ok(seen.get(b"host")) or seen.get(b"accept", b"*/*") not in _ACCEPTED:
+        return None
+    if b"transfer-encoding" in seen:
+        return None
+    length = seen.get(b"content-length", b"0")
+    if not length.isdigit() or int(length) > (MAX_BODY if route.body else 0):
+        return None
+    if route.body and (int(length) == 0 or seen.get(b"content-type") != _JSON):
+        return None
+    auth = seen.get(b"authorization", b"").split()
+    if len(auth) != 2 or auth[0].lower() != b"bearer" or not auth[1].isascii():
+        return None
+    return Call(ids={k: uuid.UUID(v) for k, v in ids.groupdict().items()}, token=auth[1].decode(),
+                query=scope.get("query_string", b""))  # fmt: skip
+
+
+_READ_HEADERS = frozenset(
+    {b"host", b"accept", b"authorization", b"content-length", b"content-type", b"transfer-encoding"}
+)
+_hosts: dict[bytes, bool] = {}
+
+
+def _host_ok(host: bytes | None) -> bool:
+    """Django's ALLOWED_HOSTS check (HttpRequest.get_host), remembered per Host value."""
+    if host is None:
+        return False
+    ok = _hosts.get(host)
+    if ok is None:
+        allowed = settings.ALLOWED_HOSTS
+        if settings.DEBUG and not allowed:
+            allowed = [".localhost", "127.0.0.1", "[::1]"]
+        domain, _ = split_domain_port(host.decode("latin-1"))
+        ok = bool(domain) and validate_host(domain, allowed)
+        if len(_hosts) < 64:
+            _hosts[host] = ok
+    return ok
+
+
+def serve(route: Route, call: Call) -> Answer | None:
+    """Answer the call, or None when Django must (nothing was written). Runs in a worker thread."""
+    started = time.perf_counter()
+    try:
+        answer = route.handler(call)
+    except (DatabaseError, GantryError, AuthenticationFailed, tokens.TokenInvalid) as exc:
+        # Raised before the route's write, or by its statement (rolled back):
+        # nothing changed, and the view's own path says what went wrong.
+        log.debug("fast lane hands %s to Django: %r", route.name, exc)
+        answer = None
+    except Exception:
+        # After a committed write a second attempt would see its own effect:
+        # answer as Django's handler500 does, with the traceback in the log.
+        log.exception("fast lane %s failed", route.name)
+        answer = route.answer(500, JSONRenderer().render(_SERVER_ERROR))
+    finally:
+        # request_finished's receiver: the connection goes back to the pool.
+        close_old_connections()
+    if answer is None:
+        CALLS.labels(route.name, DJANGO).inc()
+        return None
+    CALLS.labels(route.name, SERVED).inc()
+    REQUEST_SECONDS.labels(route=_labels[route.name], method=route.method, status=str(answer[0])).observe(
+        time.perf_counter() - started
+    )
+    return answer
+
+
+_SERVER_ERROR = {"code": "server_error", "detail": "internal error; see the server log"}
+
+
+def _runner_token(call: Call) -> tuple[uuid.UUID, uuid.UUID, int]:
+    """(runner, run, group) of a runner token; anything else raises (Django answers it)."""
+    claims = tokens.decode(call.token)
+    if claims.audience != tokens.AUD_RUNNER:
+        raise tokens.TokenInvalid("not a runner token")
+    runner_id, run_id, group_id = runner_claims(claims)
+    if group_id is None:
+        raise tokens.TokenInvalid("no group")
+    return runner_id, run_id, group_id
+
+
+def _json_body(call: Call, shape: Callable[[Any], dict[str, Any] | None]) -> dict[str, Any] | None:
+    try:
+        return shape(json.loads(call.body.decode("utf-8")))
+    except ValueError:  # not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
+        return None
+
+
+# ---------------------------------------------------------------- the routes
+
+
+def _status(call: Call) -> Answer | None:
+    runner_id, run_id, group_id = _runner_token(call)
+    if call.ids["run_id"] != run_id:
+        return None
+    found, run_status = services.runner_status(runner_id=runner_id, runner_group_id=group_id, run_id=run_id,
+                                               bound=True)  # fmt: skip
+    if not found or run_status is None:
+        return None  # wrote nothing: the runner or the run is gone
+    return STATUS.answer(200, JSONRenderer().render(runner_views.status_answer(run_status)))
+
+
+def _ready(call: Call) -> Answer | None:
+    runner_id, _, group_id = _runner_token(call)
+    data = _json_body(call, fastbody.ready)
+    if call.ids["runner_id"] != runner_id or data is None:
+        return None
+    if not services.ready_hot(runner_id=runner_id, runner_group_id=group_id, metadata=data, now=_now()):
+        return None  # ready already (a replay), busy, or gone: the view's path
+    return READY.answer(204)
+
+
+def _accept(call: Call) -> Answer | None:
+    runner_id, run_id, group_id = _runner_token(call)
+    if call.ids["run_id"] != run_id:
+        return None
+    accepted = services.accept_hot(run_id=run_id, runner_id=runner_id, runner_group_id=group_id, now=_now())
+    if accepted is None:
+        return None
+    run, api_token = accepted
+    return ACCEPT.answer(200, JSONRenderer().render(runner_views.accept_answer(run, api_token)))
+
+
+def _done(call: Call) -> Answer | None:
+    runner_id, run_id, group_id = _runner_token(call)
+    data = _json_body(call, fastbody.done)
+    if call.ids["run_id"] != run_id or data is None:
+        return None
+    done = services.finish_hot(run_id=run_id, runner_id=runner_id, runner_group_id=group_id,
+                               outcome=data["outcome"], exit_code=data.get("exit_code"), error=data.get("error", ""),
+                               sealed_chunks=data.get("sealed_chunks"), manifest=data.get("manifest"),
+                               now=_now())  # fmt: skip
+    if done is None:
+        return None  # a replay, a refusal: the view's path names it
+    live_logs.delete(run_id)
+    return DONE.answer(204)
+
+
+def _deregister(call: Call) -> Answer | None:
+    runner_id, _, group_id = _runner_token(call)
+    if call.ids["runner_id"] != runner_id:
+        return None
+    if not services.deregister_hot(runner_id=runner_id, runner_group_id=group_id, now=_now()):
+        return None
+    return DEREGISTER.answer(204)
+
+
+def _poll(call: Call) -> Answer | None:
+    """The poll's first attempt, as PollView makes it under gantry.asgi (``call.deferred`` says whether to park)."""
+    deferred = call.deferred
+    assert deferred is not None
+    claims = tokens.decode(call.token)
+    if claims.audience != tokens.AUD_GROUP:
+        return None
+    group = token_group(claims)
+    if group.kind == GroupKind.GITHUB_ACTIONS:
+        return None  # refused by the view (backend_dispatched_group)
+    wait = _wait(call.query)
+    if wait is None:
+        return None
+    try:
+        result = deferred.attempt(
+            group=group, wait=wait, claim=lambda: dispatch.claim(group=group, raise_throttled=True)
+        )
+    except dispatch.Throttled:
+        result = None
+    if result is None:
+        return POLL.answer(204)
+    return POLL.answer(200, JSONRenderer().render(runner_views.claim_answer(result)))
+
+
+_WAIT = re.compile(rb"(?:wait=([0-9]{1,2}(?:\.[0-9]{1,3})?))?")
+
+
+def _wait(query: bytes) -> float | None:
+    """``?wait=`` in its plain forms (none, or seconds as digits), checked as the view checks it; else None."""
+    m = _WAIT.fullmatch(query)
+    if m is None:
+        return None
+    try:
+        return runner_views.poll_wait(m.group(1).decode() if m.group(1) else "0")
+    except GantryError:
+        return None
+
+
+def _now() -> datetime:
+    return timezone.now()
+
+
+STATUS = Route("status", "GET", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/status"), runner_views.StatusView,
+               _status)  # fmt: skip
+READY = Route("ready", "POST", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/ready"), runner_views.ReadyView,
+              _ready, body=True)  # fmt: skip
+ACCEPT = Route("accept", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/accept"), runner_views.AcceptView,
+               _accept)  # fmt: skip
+DONE = Route("done", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/done"), runner_views.DoneView, _done,
+             body=True)  # fmt: skip
+DEREGISTER = Route("deregister", "DELETE", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/deregister"),
+                   runner_views.DeregisterView, _deregister)  # fmt: skip
+POLL = Route("poll", "GET", re.compile("/api/v1/runner-groups/poll"), runner_views.PollView, _poll, query=True)
+ROUTES = (STATUS, READY, ACCEPT, DONE, DEREGISTER, POLL)
+_BY_METHOD_AND_TAIL = {(r.method, r.path.pattern.rsplit("/", 1)[1]): r for r in ROUTES}
+
+
+def route_for(scope: dict[str, Any]) -> Route | None:
+    """The lane's route for this request by method and last path segment (admit checks the whole path)."""
+    if not ENABLED:
+        return None
+    return _BY_METHOD_AND_TAIL.get((scope["method"], scope["path"].rsplit("/", 1)[-1]))
+
+
+def _route_facts() -> tuple[dict[str, bytes], dict[str, str]]:
+    """Each route's Allow header (its view's methods, as DRF answers them) and metric label (Django's pattern)."""
+    allow, labels = {}, {}
+    zero = str(uuid.UUID(int=0))
+    for route in ROUTES:
+        sample = route.path.pattern.replace(f"(?P<run_id>{_UUID})", zero).replace(f"(?P<runner_id>{_UUID})", zero)
+        match = resolve(sample)
+        view_class = getattr(match.func, "view_class", None) or getattr(match.func, "cls", None)
+        if view_class is not route.view:
+            raise RuntimeError(f"{sample} resolves to {view_class}, not {route.view}: fix gantry/api/fastlane.py")
+        view = route.view()
+        view.setup(None)  # as as_view() does per request: a GET view answers HEAD too
+        allow[route.name] = ", ".join(view.allowed_methods).encode()
+        labels[route.name] = match.route
+    return allow, labels
+
+
+DISABLED_REASON = _disabled_reason()
+ENABLED = DISABLED_REASON is None
+if not ENABLED and DISABLED_REASON != "GANTRY_FAST_LANE is false":
+    log.warning("the fast lane is off: %s", DISABLED_REASON, extra={"event": "api.fast_lane_off"})
+_allow, _labels = _route_facts()
+_headers = _security_headers()

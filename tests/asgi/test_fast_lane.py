@@ -1,0 +1,251 @@
+"""The fast lane (gantry.api.fastlane) under the production ASGI mode: Django's answers, without Django's stack.
+
+Every hot call a runner makes is served by the lane and answers what the
+Django view answers (status, headers, body), checked against the same call
+through Django in this process (the test client, the same middleware). Every
+call the lane does not take (a refusal, a replay, an unusual header or body)
+reaches Django with its body intact and gets Django's answer. Which side
+answered is read from the server's ``gantry_fast_lane_requests_total``, so a
+lane that silently handed everything to Django would fail here.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from gantry.api import fastlane
+from gantry.core import tokens
+from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus
+from tests.asgi.server import POLL, Server, asgi_server
+from tests.dispatch.helpers import deploy, make_group, make_stack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+READY = {"hostname": "h1", "launcher": "local", "pid": 42}
+DONE = {"outcome": "succeeded", "exit_code": 0, "sealed_chunks": 1, "manifest": {"count": 1, "sha256": ["ab" * 32]}}
+# Headers that differ between two answers by nature: uvicorn's own, and its framing of a body Django sent
+# without a length (a 400 for a bad Host header); the test client has none of them.
+VARYING = {"date", "server", "transfer-encoding"}
+
+
+@pytest.fixture(scope="module")
+def server(
+    django_db_setup: None, django_db_blocker: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    with django_db_blocker.unblock(), asgi_server(tmp_path_factory.mktemp("fast")) as s:  # type: ignore[attr-defined]
+        yield s
+
+
+Reply = tuple[int, dict[str, str], bytes]
+
+
+def call(server: Server, method: str, path: str, token: str | None = None, body: Any = None,
+         headers: dict[str, str] | None = None, raw: bytes | None = None) -> Reply:  # fmt: skip
+    """One request to the server: (status, headers without the varying ones, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", int(server.base.rsplit(":", 1)[1]), timeout=30)
+    try:
+        sent = {"Authorization": f"Bearer {token}"} if token else {}
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        if data is not None:
+            sent["Content-Type"] = "application/json"
+        sent.update(headers or {})
+        conn.request(method, path, body=data, headers=sent)
+        resp = conn.getresponse()
+        out = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders() if k.lower() not in VARYING}, out
+    finally:
+        conn.close()
+
+
+def django(method: str, path: str, token: str | None = None, body: Any = None,
+           headers: dict[str, str] | None = None, raw: bytes | None = None) -> Reply:  # fmt: skip
+    """The same request through Django's own stack, in this process."""
+    client = APIClient()
+    extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
+    if token:
+        extra["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    kwargs: dict[str, Any] = {"content_type": "application/json", "data": data} if data is not None else {}
+    response = getattr(client, method.lower())(path, **kwargs, **extra)
+    return response.status_code, {k.lower(): v for k, v in response.headers.items()}, response.content
+
+
+def served(server: Server, route: str, outcome: str = fastlane.SERVED) -> float:
+    try:
+        return server.metric(f'gantry_fast_lane_requests_total{{outcome="{outcome}",route="{route}"}}')
+    except AssertionError:
+        return 0.0  # not counted yet: the series appears with its first call
+
+
+def group_token(group: RunnerGroup) -> str:
+    return tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
+
+
+def linux(org: Organization) -> RunnerGroup:
+    return make_group(org, "linux", {"os": "linux"}, max_concurrent_runs=1000)
+
+
+def lifecycle(send: Any, token: str) -> list[tuple[str, int, dict[str, str], Any]]:
+    """poll → ready → accept → status → done → deregister through ``send``: (call, status, headers, body) each."""
+    out = []
+    status, headers, body = send("GET", POLL + "?wait=0", token)
+    claim = json.loads(body)
+    out.append(("poll", status, headers, claim))
+    run, runner, tok = claim["run_id"], claim["runner_id"], claim["runner_token"]
+    steps = [
+        ("ready", "POST", f"/api/v1/runners/{runner}/ready", READY),
+        ("accept", "POST", f"/api/v1/runs/{run}/accept", None),
+        ("status", "GET", f"/api/v1/runs/{run}/status", None),
+        ("done", "POST", f"/api/v1/runs/{run}/done", DONE),
+        ("deregister", "DELETE", f"/api/v1/runners/{runner}/deregister", None),
+    ]
+    for name, method, path, payload in steps:
+        status, headers, body = send(method, path, tok, payload)
+        out.append((name, status, headers, json.loads(body) if body else None))
+    return out
+
+
+def shape(value: Any) -> Any:
+    """A body with its per-run values (ids, tokens, times) replaced by their type: what must match across runs."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return value if isinstance(value, bool) or value is None else type(value).__name__
+
+
+def test_every_hot_call_is_served_by_the_lane_and_answers_as_django(server: Server, acme: Organization) -> None:
+    group = linux(acme)
+    for name in ("web", "api"):
+        deploy(make_stack(acme, name, {"os": "linux"}))
+    before = {route.name: served(server, route.name) for route in fastlane.ROUTES}
+
+    lane = lifecycle(lambda *a: call(server, *a), group_token(group))
+    after = {route.name: served(server, route.name) for route in fastlane.ROUTES}
+    assert {name: after[name] - before[name] for name in after} == dict.fromkeys(after, 1.0)
+
+    plain = lifecycle(django, group_token(group))
+    for (name, status, headers, body), (_, want_status, want_headers, want_body) in zip(lane, plain, strict=True):
+        assert status == want_status, name
+        # Lengths differ only where a per-run value's digits do (ids, tokens).
+        assert {k: v for k, v in headers.items() if k != "content-length"} == {
+            k: v for k, v in want_headers.items() if k != "content-length"
+        }, name
+        assert shape(body) == shape(want_body), name
+        assert ("content-length" in headers) == ("content-length" in want_headers), name
+    assert lane[3][3] == plain[3][3] == {"status": "running", "cancel_requested": False}
+    assert Run.objects.filter(organization=acme, status=RunStatus.SUCCEEDED).count() == 2
+    assert not Runner.objects.filter(runner_group=group).exists()
+
+
+def test_the_lane_records_the_request_metric_under_the_route_pattern(server: Server, acme: Organization) -> None:
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    name = (
+        'gantry_http_request_duration_seconds_count{method="GET",route="api/v1/runs/<uuid:run_id>/status",status="200"}'
+    )
+    try:
+        before = server.metric(name)
+    except AssertionError:
+        before = 0.0
+    steps = lifecycle(lambda *a: call(server, *a), group_token(linux(acme)))
+    assert [status for _, status, _, _ in steps] == [200, 204, 200, 200, 204, 204]
+    assert server.metric(name) == before + 1
+
+
+def accepted(server: Server, group: RunnerGroup) -> tuple[str, str, str]:
+    """(run, runner, runner token) of a run accepted through the lane."""
+    status, _, body = call(server, "GET", POLL + "?wait=0", group_token(group))
+    assert status == 200, body
+    claim = json.loads(body)
+    run, runner, tok = claim["run_id"], claim["runner_id"], claim["runner_token"]
+    assert call(server, "POST", f"/api/v1/runners/{runner}/ready", tok, READY)[0] == 204
+    assert call(server, "POST", f"/api/v1/runs/{run}/accept", tok)[0] == 200
+    return run, runner, tok
+
+
+def test_calls_the_lane_does_not_take_get_djangos_answer(server: Server, acme: Organization) -> None:
+    group = linux(acme)
+    for name in ("web", "api"):
+        deploy(make_stack(acme, name, {"os": "linux"}))
+    run, runner, tok = accepted(server, group)
+    other_run, _, other_tok = accepted(server, group)
+    gone = tokens.mint_runner_token(runner_id=uuid.uuid4(), run_id=uuid.UUID(run), group_id=group.id)
+    # Each refuses or replays: nothing changes between the server's answer and Django's.
+    cases: list[tuple[str, str, str, str | None, Any, dict[str, str], bytes | None]] = [
+        ("status", "GET", f"/api/v1/runs/{run}/status", other_tok, None, {}, None),  # 403 run binding
+        ("status", "GET", f"/api/v1/runs/{run}/status", gone, None, {}, None),  # 401 runner gone
+        ("status", "GET", f"/api/v1/runs/{run}/status", tok + "x", None, {}, None),  # 401 forged
+        ("status", "GET", f"/api/v1/runs/{run}/status", tok, None, {"Accept": "text/html"}, None),  # 406
+        ("status", "GET", f"/api/v1/runs/{run}/status?format=json", tok, None, {}, None),
+        ("status", "GET", f"/api/v1/runs/{run}/status", tok, None, {"Host": "evil.example"}, None),  # 400
+        ("ready", "POST", f"/api/v1/runners/{runner}/ready", tok, {"pid": -1}, {}, None),  # 400, fields
+        ("ready", "POST", f"/api/v1/runners/{runner}/ready", tok, READY, {}, None),  # 409 busy
+        ("ready", "POST", f"/api/v1/runners/{runner}/ready", tok, None, {}, b'{"pid": NaN}'),  # 400
+        ("ready", "POST", f"/api/v1/runners/{runner}/ready", tok, None, {}, b"not json"),  # 400 invalid_json
+        ("accept", "POST", f"/api/v1/runs/{other_run}/accept", tok, None, {}, None),  # 403 run binding
+        ("done", "POST", f"/api/v1/runs/{run}/done", tok, {**DONE, "sealed_chunks": 2}, {}, None),  # 400 manifest
+        ("done", "POST", f"/api/v1/runs/{run}/done", tok, {"outcome": "cancelled"}, {}, None),  # 409 conflict
+        ("deregister", "DELETE", f"/api/v1/runners/{runner}/deregister", tok, None, {}, None),  # 409 holds run
+        ("poll", "GET", POLL + "?wait=abc", group_token(group), None, {}, None),  # 400
+        ("poll", "GET", POLL + "?wait=1&x=2", tok, None, {}, None),  # 403 a runner token
+    ]
+    for route, method, path, token, body, headers, raw in cases:
+        was = served(server, route, fastlane.DJANGO)
+        got = call(server, method, path, token, body, headers, raw)
+        want = django(method, path, token, body, headers, raw)
+        assert got[0] == want[0], (path, body, headers, got)
+        assert got[2] == want[2], (path, body, headers)
+        assert got[1] == want[1], (path, body, headers)
+        if headers.get("Host") or headers.get("Accept") or "?format" in path:
+            assert served(server, route, fastlane.DJANGO) == was  # not admitted at all: not even counted
+        else:
+            assert served(server, route, fastlane.DJANGO) == was + 1, (path, body)
+    assert Run.objects.get(id=run).status == RunStatus.RUNNING
+    assert Runner.objects.get(id=runner).status == "busy"
+
+
+def test_a_body_the_lane_read_reaches_django_whole(server: Server, acme: Organization) -> None:
+    # Surrounding spaces are outside fastbody's plain shape: the lane hands the
+    # call over with the body it read, and DRF trims them, as it always did.
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    _, _, body = call(server, "GET", POLL + "?wait=0", group_token(linux(acme)))
+    claim = json.loads(body)
+    runner, tok = claim["runner_id"], claim["runner_token"]
+    was = served(server, "ready", fastlane.DJANGO)
+    assert call(server, "POST", f"/api/v1/runners/{runner}/ready", tok, {"hostname": "  spaced  "})[0] == 204
+    assert served(server, "ready", fastlane.DJANGO) == was + 1
+    assert Runner.objects.get(id=runner).hostname == "spaced"
+    # ...and a body over the lane's bound goes to Django unread (the JSON allows the padding).
+    padded = json.dumps({"hostname": "again"}).encode() + b" " * (fastlane.MAX_BODY + 1)
+    assert call(server, "POST", f"/api/v1/runners/{runner}/ready", tok, raw=padded)[0] == 204
+    assert Runner.objects.get(id=runner).hostname == "again"
+
+
+def test_the_lane_is_off_for_a_middleware_list_it_does_not_reproduce(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fastlane.ENABLED, fastlane.DISABLED_REASON  # this suite's settings are production's
+    assert fastlane._disabled_reason() is None
+    with override_settings(MIDDLEWARE=[*fastlane.KNOWN_MIDDLEWARE, "django.middleware.gzip.GZipMiddleware"]):
+        assert "MIDDLEWARE" in (fastlane._disabled_reason() or "")
+    with override_settings(SECURE_SSL_REDIRECT=True):
+        assert "SECURE_SSL_REDIRECT" in (fastlane._disabled_reason() or "")
+    monkeypatch.setenv("GANTRY_FAST_LANE", "false")
+    assert fastlane._disabled_reason() == "GANTRY_FAST_LANE is false"
+
+
+def test_with_the_lane_off_django_answers_every_call(acme: Organization, tmp_path: Any) -> None:
+    for name in ("web", "api"):
+        deploy(make_stack(acme, name, {"os": "linux"}))
+    group = linux(acme)
+    with asgi_server(tmp_path, GANTRY_FAST_LANE="false") as off:
+        steps = lifecycle(lambda *a: call(off, *a), group_token(group))
+        assert [status for _, status, _, _ in steps] == [200, 204, 200, 200, 204, 204]
+        assert all(served(off, route.name) == 0 for route in fastlane.ROUTES)
+        assert all(served(off, route.name, fastlane.DJANGO) == 0 for route in fastlane.ROUTES)
