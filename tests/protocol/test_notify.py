@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from gantry.core import services
@@ -64,3 +64,81 @@ def test_it_notifies_once_per_org_for_a_set_based_change(
         )
         assert cur.rowcount == 5
     assert drain_notifications(claimable_listener) == [str(acme.id)]
+
+
+def _idle_runners(group: RunnerGroup, n: int) -> list[Runner]:
+    return [Runner.objects.create(runner_group=group, status="ready") for _ in range(n)]
+
+
+def _count(group: RunnerGroup) -> int:
+    return RunnerGroup.objects.values_list("runner_count", flat=True).get(id=group.id)
+
+
+def test_a_deleted_runner_notifies_only_where_its_slot_can_start_a_run(
+    claimable_listener: psycopg.Connection, acme: Organization
+) -> None:
+    # Migration 0015: a freed slot matters to polls parked on a full group, not to a group with room
+    # (its polls park for want of runs, which a deletion does not change).
+    roomy, _ = services.runner_group_create(org=acme, name="roomy", max_concurrent_runs=5)
+    full, _ = services.runner_group_create(org=acme, name="full", max_concurrent_runs=2)
+    spare = _idle_runners(roomy, 2)
+    busy = _idle_runners(full, 2)
+    drain_notifications(claimable_listener)
+
+    Runner.objects.filter(id=spare[0].id).delete()
+    assert drain_notifications(claimable_listener) == []
+    assert _count(roomy) == 1
+    Runner.objects.filter(id=busy[0].id).delete()  # the group was full: one slot is free now
+    assert drain_notifications(claimable_listener) == [str(acme.id)]
+    assert _count(full) == 1
+    Runner.objects.filter(id=busy[1].id).delete()  # no longer full before this one
+    assert drain_notifications(claimable_listener) == []
+
+
+def test_a_github_actions_runner_always_notifies_the_dispatcher(
+    claimable_listener: psycopg.Connection, acme: Organization
+) -> None:
+    from tests.github.conftest import gha_group
+
+    gha = gha_group(acme)
+    RunnerGroup.objects.filter(id=gha.id).update(max_concurrent_runs=100)
+    runner = _idle_runners(gha, 1)[0]
+    drain_notifications(claimable_listener)
+    # Room in the group, but the dispatcher's per-org cap counts these rows: it must look again.
+    Runner.objects.filter(id=runner.id).delete()
+    assert drain_notifications(claimable_listener) == [str(acme.id)]
+
+
+def test_one_statement_deleting_many_runners_writes_each_group_once_with_its_count(
+    acme: Organization, globex: Organization
+) -> None:
+    a, _ = services.runner_group_create(org=acme, name="a", max_concurrent_runs=50)
+    b, _ = services.runner_group_create(org=globex, name="b", max_concurrent_runs=50)
+    _idle_runners(a, 7)
+    _idle_runners(b, 4)
+    assert (_count(a), _count(b)) == (7, 4)
+    # One transaction: pg_stat_xact_user_tables counts within it.
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'runner_group'")
+        (before,) = cur.fetchone()
+        # As a reaper's batch does: one DELETE for runners of several groups.
+        cur.execute(
+            "DELETE FROM runner WHERE id IN (SELECT id FROM runner WHERE runner_group_id = %s LIMIT 5) "
+            "OR runner_group_id = %s",
+            [a.id, b.id],
+        )
+        assert cur.rowcount == 9
+        cur.execute("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'runner_group'")
+        (after,) = cur.fetchone()
+    assert after - before == 2  # one write per group, not one per runner
+    assert (_count(a), _count(b)) == (2, 0)
+    for group in (a, b):
+        assert _count(group) == Runner.objects.filter(runner_group=group).count()
+
+
+def test_a_runner_moved_to_another_group_moves_its_slot(acme: Organization) -> None:
+    a, _ = services.runner_group_create(org=acme, name="a")
+    b, _ = services.runner_group_create(org=acme, name="b")
+    runner = _idle_runners(a, 1)[0]
+    Runner.objects.filter(id=runner.id).update(runner_group=b)
+    assert (_count(a), _count(b)) == (0, 1)
