@@ -1,17 +1,18 @@
 """ASGI entry point, the production server mode: ``gunicorn gantry.asgi -k uvicorn_worker.UvicornWorker``.
 
-Two routes through one event loop per process (docs/operations.md, "Sizing"):
+Three routes through one event loop per process (docs/operations.md, "Sizing"):
 
 - ``GET /api/v1/runner-groups/poll``: the long poll, parked on the event loop
   (gantry.dispatch.asyncpoll) with no thread and no database connection. Its
-  authentication, validation and claim are the ordinary Django view's, called
-  in a small pool of ``GANTRY_POLL_THREADS`` threads (default 3; a woken
-  poll's claim has one more of its own), so answers
-  are byte for byte those of the WSGI server; only the waiting moved.
-- The runner's hot calls (status, ready, accept, done, deregister) and the
-  poll's first attempt: gantry.api.fastlane, on the same threads, straight
-  from the scope; whatever it does not answer itself (every refusal, anything
-  unusual) goes on to Django below with its body replayed.
+  first pass (authentication, validation, one claim) runs in a small pool of
+  ``GANTRY_POLL_THREADS`` threads (default 3; a woken poll's claim has one
+  more of its own): the fast lane's for a plain request, else the ordinary
+  Django view's, so answers are byte for byte those of the WSGI server; only
+  the waiting moved.
+- The runner's hot calls (status, ready, accept, done, deregister):
+  gantry.api.fastlane, on the sync threads below, straight from the scope;
+  whatever it does not answer itself (every refusal, anything unusual) goes
+  on to Django with its body replayed.
 - Everything else: the Django WSGI application in a pool of
   ``GANTRY_SYNC_THREADS`` threads (default 16), through a2wsgi. Not Django's
   own ASGI handler: it runs sync views with ``thread_sensitive=True``, on one
