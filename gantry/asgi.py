@@ -9,7 +9,7 @@ Three routes through one event loop per process (docs/operations.md, "Sizing"):
   more of its own): the fast lane's for a plain request, else the ordinary
   Django view's, so answers are byte for byte those of the WSGI server; only
   the waiting moved.
-- The runner's hot calls (status, ready, accept, done, deregister):
+- The runner's hot calls (status, ready, accept, live-log push, done, deregister):
   gantry.api.fastlane, on the sync threads below, straight from the scope;
   whatever it does not answer itself (every refusal, anything unusual) goes
   on to Django with its body replayed.

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gantry.logs import live
 from gantry.logs.limits import MAX_CHUNKS
 
 INT32_MAX = 2**31 - 1
@@ -85,6 +86,25 @@ def _manifest_ok(value: Any) -> bool:
         return False
     hashes = value["sha256"]
     return type(hashes) is list and len(hashes) <= MAX_CHUNKS and all(_plain_str(h, 64) for h in hashes)
+
+
+_LIVE_KEYS = frozenset({"chunk_index", "sealed_chunks", "data"})
+
+
+def live_push(data: Any) -> dict[str, Any] | None:
+    """LivePushSerializer's validated data (``data`` decoded to bytes) for a plain body, or None."""
+    if type(data) is not dict or set(data) != _LIVE_KEYS:
+        return None
+    chunk, sealed, value = data["chunk_index"], data["sealed_chunks"], data["data"]
+    if not (_int_in(chunk, 0, MAX_CHUNKS - 1) and _int_in(sealed, 0, MAX_CHUNKS) and sealed <= chunk):
+        return None
+    if type(value) is not str or not 0 < len(value) <= live.PUSH_DATA_MAX_LENGTH:
+        return None
+    try:
+        raw = live.push_data(value)
+    except ValueError:
+        return None
+    return {"chunk_index": chunk, "sealed_chunks": sealed, "data": raw}
 
 
 def run_context(context: Mapping[str, Any]) -> dict[str, Any] | None:

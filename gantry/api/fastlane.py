@@ -4,11 +4,12 @@ Under the production server mode every runner call crossed a2wsgi, ten
 middlewares, the URL resolver and DRF's dispatch before it reached a statement
 that PostgreSQL runs in a fraction of that time: about 3 ms of Python per call
 against 0.75 ms for a bare ``/healthz``. For the calls a well-behaved runner
-and coordinator make (status, ready, accept, done, deregister, and the poll's
-first attempt) this lane does only what the call needs: verify the token (a
-cached check), hold the path to the token's run binding, run the route's one
-statement with the token's group folded in (no separate authentication read),
-and answer the bytes the Django view answers, headers included.
+and coordinator make (status, ready, accept, done, deregister, the live-log
+push, and the poll's first attempt) this lane does only what the call needs:
+verify the token (a cached check), hold the path to the token's run binding,
+run the route's one statement with the token's group folded in (no separate
+authentication read), and answer the bytes the Django view answers, headers
+included.
 
 It answers only calls that succeed. Anything else (a header it does not
 expect, a body outside gantry.api.fastbody's plain shapes, a token that does
@@ -57,6 +58,8 @@ from gantry.dispatch import asyncpoll
 from gantry.dispatch import claim as dispatch
 from gantry.env import envbool
 from gantry.logs import live as live_logs
+from gantry.logs import services as log_services
+from gantry.logs import views as log_views
 from gantry.web.http_metrics import REQUEST_SECONDS
 
 log = logging.getLogger("gantry.api")
@@ -78,8 +81,9 @@ KNOWN_MIDDLEWARE = (
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 )
-# Bodies the lane reads itself (ready's and done's are a few hundred bytes);
-# a larger one, or one without a Content-Length, is Django's to judge.
+# Bodies the lane reads itself (ready's and done's are a few hundred bytes;
+# a live-log push carries up to a chunk's gzip in base64, under Django's own
+# body limit); a larger one, or one without a Content-Length, is Django's.
 MAX_BODY = 64 * 1024
 
 CALLS = Counter(
@@ -144,6 +148,7 @@ class Route:
     handler: Callable[[Call], Answer | None]
     body: bool = False
     query: bool = False  # the poll's ?wait=
+    max_body: int = MAX_BODY
 
     def answer(self, status: int, body: bytes | None = None) -> Answer:
         """The view's answer: its content type, DRF's Allow, then the middleware's headers."""
@@ -172,7 +177,7 @@ def admit(route: Route, scope: dict[str, Any]) -> Call | None:
     if b"transfer-encoding" in seen:
         return None
     length = seen.get(b"content-length", b"0")
-    if not length.isdigit() or int(length) > (MAX_BODY if route.body else 0):
+    if not length.isdigit() or int(length) > (route.max_body if route.body else 0):
         return None
     if route.body and (int(length) == 0 or seen.get(b"content-type") != _JSON):
         return None
@@ -304,6 +309,16 @@ def _done(call: Call) -> Answer | None:
     return DONE.answer(204)
 
 
+def _live(call: Call) -> Answer | None:
+    runner_id, run_id, group_id = _runner_token(call)
+    data = _json_body(call, fastbody.live_push)
+    if call.ids["run_id"] != run_id or data is None:
+        return None
+    if not log_services.live_push_hot(run_id=run_id, runner_id=runner_id, runner_group_id=group_id, **data):
+        return None  # not executing on this runner: a drop or a refusal, the view's path says which
+    return LIVE.answer(204)
+
+
 def _deregister(call: Call) -> Answer | None:
     runner_id, _, group_id = _runner_token(call)
     if call.ids["runner_id"] != runner_id:
@@ -363,10 +378,12 @@ ACCEPT = Route("accept", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/
                _accept)  # fmt: skip
 DONE = Route("done", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/done"), runner_views.DoneView, _done,
              body=True)  # fmt: skip
+LIVE = Route("live", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/logs/live"), log_views.LiveLogView,
+             _live, body=True, max_body=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)  # fmt: skip
 DEREGISTER = Route("deregister", "DELETE", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/deregister"),
                    runner_views.DeregisterView, _deregister)  # fmt: skip
 POLL = Route("poll", "GET", re.compile("/api/v1/runner-groups/poll"), runner_views.PollView, _poll, query=True)
-ROUTES = (STATUS, READY, ACCEPT, DONE, DEREGISTER, POLL)
+ROUTES = (STATUS, READY, ACCEPT, DONE, LIVE, DEREGISTER, POLL)
 _BY_METHOD_AND_TAIL = {(r.method, r.path.pattern.rsplit("/", 1)[1]): r for r in ROUTES}
 
 

@@ -11,6 +11,8 @@ sees the header of one push with the data of another.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import time
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import redis
 
 from gantry import conf
+from gantry.logs.limits import CHUNK_GZIP_MAX
 from gantry.redis import client
 
 log = logging.getLogger("gantry.logs")
@@ -74,6 +77,28 @@ def _unavailable(action: str, exc: Exception) -> None:
 def _available() -> None:
     global _warned
     _warned = False
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+# A push's ``data``: base64 makes 4 characters of 3 bytes.
+PUSH_DATA_MAX_LENGTH = (CHUNK_GZIP_MAX + 2) // 3 * 4
+
+
+def push_data(value: str) -> bytes:
+    """A push's ``data`` (base64 of the active chunk's gzip) as bytes; ValueError names what is wrong.
+
+    Only the magic number is checked: decompressing on every push would cost
+    the server more than the push is worth; the reader skips a bad snapshot.
+    """
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not base64") from None
+    if not raw.startswith(GZIP_MAGIC):
+        raise ValueError("not a gzip (base64 of gzip bytes expected)")
+    if len(raw) > CHUNK_GZIP_MAX:
+        raise ValueError(f"more than {CHUNK_GZIP_MAX} bytes of gzip")
+    return raw
 
 
 def store(run_id: uuid.UUID, *, chunk_index: int, sealed_chunks: int, data: bytes) -> bool:

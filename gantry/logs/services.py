@@ -39,14 +39,15 @@ _HELD = prepared.Statement(
     "log_held",
     "SELECT EXISTS (SELECT 1 FROM run WHERE id = %(run)s AND assigned_runner_id = %(runner)s AND status IN ("
     + ", ".join(f"'{status}'" for status in sorted(EXECUTING))
-    + "))",
-    [("run", "uuid"), ("runner", "uuid")],
+    + ") AND (%(grp)s::bigint IS NULL"
+    " OR EXISTS (SELECT 1 FROM runner g WHERE g.id = %(runner)s AND g.runner_group_id = %(grp)s)))",
+    [("run", "uuid"), ("runner", "uuid"), ("grp", "bigint")],
 )
 
 
-def _held(run_id: uuid.UUID, runner_id: uuid.UUID) -> bool:
-    """The runner is executing the run (accepted, not finished)."""
-    row = prepared.fetchone(_HELD, {"run": run_id, "runner": runner_id})
+def _held(run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None = None) -> bool:
+    """The runner (of ``runner_group_id``, when given) is executing the run (accepted, not finished)."""
+    row = prepared.fetchone(_HELD, {"run": run_id, "runner": runner_id, "grp": runner_group_id})
     return bool(row and row[0])
 
 
@@ -70,6 +71,23 @@ def live_push(*, run_id: uuid.UUID, runner_id: uuid.UUID, chunk_index: int, seal
         )
         return False
     return live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data)
+
+
+def live_push_hot(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None, chunk_index: int,
+    sealed_chunks: int, data: bytes,
+) -> bool:  # fmt: skip
+    """The push's common case (gantry.api.fastlane): True once the runner executes the run and the push is handled.
+
+    Handled is stored, or dropped because Redis is unavailable (the route's
+    204 either way). False wrote nothing: the run is not executing on this
+    runner of ``runner_group_id``, and :func:`live_push` behind the view's
+    authentication says whether that is a drop or a refusal.
+    """
+    if not _held(run_id, runner_id, runner_group_id):
+        return False
+    live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data)
+    return True
 
 
 def chunk_upload_url(*, run_id: uuid.UUID, runner_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:

@@ -11,6 +11,8 @@ commit their own transactions, as under the server.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import uuid
 from typing import Any
 
@@ -396,3 +398,32 @@ def test_the_hot_edges_change_nothing_for_a_runner_of_another_group(
     assert Runner.objects.filter(id=runner).exists()
     assert services.deregister_hot(runner_id=runner, runner_group_id=group.id, now=now) is True
     assert not Runner.objects.filter(id=runner).exists()
+
+
+_GZ = base64.b64encode(gzip.compress(b"out\n")).decode()
+LIVE_BODIES: list[Any] = [
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ},
+    {"chunk_index": 7, "sealed_chunks": 7, "data": _GZ},
+    {"chunk_index": 1, "sealed_chunks": 2, "data": _GZ},  # sealed past the active chunk
+    {"chunk_index": 0, "sealed_chunks": 0, "data": "bm90IGd6aXA="},  # base64, not a gzip
+    {"chunk_index": 0, "sealed_chunks": 0, "data": "***"},
+    {"chunk_index": "0", "sealed_chunks": 0, "data": _GZ},  # DRF takes the string
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "extra": True},  # DRF drops the key
+    {"chunk_index": True, "sealed_chunks": 0, "data": _GZ},
+    {"chunk_index": 0, "sealed_chunks": 0, "data": ""},
+    [],
+]
+
+
+@pytest.mark.parametrize("body", LIVE_BODIES)
+def test_it_reads_a_live_push_as_its_serializer_would(body: Any) -> None:
+    from gantry.logs.views import LivePushSerializer
+
+    fast = fastbody.live_push(body)
+    if fast is not None:
+        assert fast == _drf(LivePushSerializer, body)
+
+
+def test_it_takes_the_fast_path_for_the_pushes_a_runner_sends() -> None:
+    assert all(fastbody.live_push(b) is not None for b in LIVE_BODIES[:2])
+    assert all(fastbody.live_push(b) is None for b in LIVE_BODIES[2:])

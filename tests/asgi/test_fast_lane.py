@@ -11,6 +11,8 @@ lane that silently handed everything to Django would fail here.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import http.client
 import json
 import uuid
@@ -30,6 +32,7 @@ from tests.dispatch.helpers import deploy, make_group, make_stack
 pytestmark = pytest.mark.django_db(transaction=True)
 
 READY = {"hostname": "h1", "launcher": "local", "pid": 42}
+LIVE = {"chunk_index": 0, "sealed_chunks": 0, "data": base64.b64encode(gzip.compress(b"step 1\n")).decode()}
 DONE = {"outcome": "succeeded", "exit_code": 0, "sealed_chunks": 1, "manifest": {"count": 1, "sha256": ["ab" * 32]}}
 # Headers that differ between two answers by nature: uvicorn's own, and its framing of a body Django sent
 # without a length (a 400 for a bad Host header); the test client has none of them.
@@ -94,7 +97,8 @@ def linux(org: Organization) -> RunnerGroup:
 
 
 def lifecycle(send: Any, token: str) -> list[tuple[str, int, dict[str, str], Any]]:
-    """poll → ready → accept → status → done → deregister through ``send``: (call, status, headers, body) each."""
+    """poll → ready → accept → live push → status → done → deregister through ``send``: (call, status, headers,
+    body) each."""
     out = []
     status, headers, body = send("GET", POLL + "?wait=0", token)
     claim = json.loads(body)
@@ -103,6 +107,7 @@ def lifecycle(send: Any, token: str) -> list[tuple[str, int, dict[str, str], Any
     steps = [
         ("ready", "POST", f"/api/v1/runners/{runner}/ready", READY),
         ("accept", "POST", f"/api/v1/runs/{run}/accept", None),
+        ("live", "POST", f"/api/v1/runs/{run}/logs/live", LIVE),
         ("status", "GET", f"/api/v1/runs/{run}/status", None),
         ("done", "POST", f"/api/v1/runs/{run}/done", DONE),
         ("deregister", "DELETE", f"/api/v1/runners/{runner}/deregister", None),
@@ -141,7 +146,7 @@ def test_every_hot_call_is_served_by_the_lane_and_answers_as_django(server: Serv
         }, name
         assert shape(body) == shape(want_body), name
         assert ("content-length" in headers) == ("content-length" in want_headers), name
-    assert lane[3][3] == plain[3][3] == {"status": "running", "cancel_requested": False}
+    assert lane[4][3] == plain[4][3] == {"status": "running", "cancel_requested": False}
     assert Run.objects.filter(organization=acme, status=RunStatus.SUCCEEDED).count() == 2
     assert not Runner.objects.filter(runner_group=group).exists()
 
@@ -156,7 +161,7 @@ def test_the_lane_records_the_request_metric_under_the_route_pattern(server: Ser
     except AssertionError:
         before = 0.0
     steps = lifecycle(lambda *a: call(server, *a), group_token(linux(acme)))
-    assert [status for _, status, _, _ in steps] == [200, 204, 200, 200, 204, 204]
+    assert [status for _, status, _, _ in steps] == [200, 204, 200, 204, 200, 204, 204]
     assert server.metric(name) == before + 1
 
 
@@ -193,6 +198,11 @@ def test_calls_the_lane_does_not_take_get_djangos_answer(server: Server, acme: O
         ("accept", "POST", f"/api/v1/runs/{other_run}/accept", tok, None, {}, None),  # 403 run binding
         ("done", "POST", f"/api/v1/runs/{run}/done", tok, {**DONE, "sealed_chunks": 2}, {}, None),  # 400 manifest
         ("done", "POST", f"/api/v1/runs/{run}/done", tok, {"outcome": "cancelled"}, {}, None),  # 409 conflict
+        ("live", "POST", f"/api/v1/runs/{run}/logs/live", tok, {**LIVE, "data": "not base64!"}, {}, None),  # 400
+        ("live", "POST", f"/api/v1/runs/{run}/logs/live", tok, {**LIVE, "sealed_chunks": 1}, {}, None),  # 400
+        ("live", "POST", f"/api/v1/runs/{other_run}/logs/live", tok, LIVE, {}, None),  # 403 run binding
+        ("live", "POST", f"/api/v1/runs/{run}/logs/live", tok, {**LIVE, "extra": 1}, {}, None),  # 204: DRF drops it
+        ("live", "POST", f"/api/v1/runs/{run}/logs/live", gone, LIVE, {}, None),  # 401 runner gone
         ("deregister", "DELETE", f"/api/v1/runners/{runner}/deregister", tok, None, {}, None),  # 409 holds run
         ("poll", "GET", POLL + "?wait=abc", group_token(group), None, {}, None),  # 400
         ("poll", "GET", POLL + "?wait=1&x=2", tok, None, {}, None),  # 403 a runner token
@@ -246,6 +256,21 @@ def test_with_the_lane_off_django_answers_every_call(acme: Organization, tmp_pat
     group = linux(acme)
     with asgi_server(tmp_path, GANTRY_FAST_LANE="false") as off:
         steps = lifecycle(lambda *a: call(off, *a), group_token(group))
-        assert [status for _, status, _, _ in steps] == [200, 204, 200, 200, 204, 204]
+        assert [status for _, status, _, _ in steps] == [200, 204, 200, 204, 200, 204, 204]
         assert all(served(off, route.name) == 0 for route in fastlane.ROUTES)
         assert all(served(off, route.name, fastlane.DJANGO) == 0 for route in fastlane.ROUTES)
+
+
+def test_a_live_push_through_the_lane_is_the_record_the_reader_sees(server: Server, acme: Organization) -> None:
+    from gantry.logs import live
+
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    run, _, tok = accepted(server, linux(acme))
+    was = served(server, "live")
+    body = {"chunk_index": 2, "sealed_chunks": 1, "data": base64.b64encode(gzip.compress(b"line\n")).decode()}
+    assert call(server, "POST", f"/api/v1/runs/{run}/logs/live", tok, body)[0] == 204
+    assert served(server, "live") == was + 1
+    record = live.get(uuid.UUID(run))
+    assert record is not None
+    assert (record.chunk_index, record.sealed_chunks) == (2, 1)
+    assert gzip.decompress(record.data) == b"line\n"
