@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from prometheus_client import REGISTRY
 from rest_framework.test import APIClient
 
 from gantry.api import fastlane
@@ -274,3 +275,35 @@ def test_a_live_push_through_the_lane_is_the_record_the_reader_sees(server: Serv
     assert record is not None
     assert (record.chunk_index, record.sealed_chunks) == (2, 1)
     assert gzip.decompress(record.data) == b"line\n"
+
+
+def test_a_database_error_hands_the_call_to_django_with_nothing_written(acme: Organization) -> None:
+    # In this process, on a real failure: another session holds the runner table, and this
+    # session's statements give up after 200 ms (QueryCanceled, a DatabaseError).
+    import psycopg
+    from django.db import connection
+
+    from gantry.dispatch.claim import claim
+
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    won = claim(group=linux(acme))
+    assert won is not None
+    call_ = fastlane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    before = Runner.objects.values_list("last_seen_at", flat=True).get(id=won.runner_id)
+    handed = {"route": "status", "outcome": fastlane.DJANGO}
+    was = REGISTRY.get_sample_value("gantry_fast_lane_requests_total", handed) or 0.0
+    with psycopg.connect(**params) as other:
+        other.execute("LOCK TABLE runner IN ACCESS EXCLUSIVE MODE")
+        with connection.cursor() as cur:
+            cur.execute("SET statement_timeout = '200ms'")
+        assert fastlane.serve(fastlane.STATUS, call_) is None
+        other.rollback()
+    assert REGISTRY.get_sample_value("gantry_fast_lane_requests_total", handed) == was + 1
+    assert Runner.objects.values_list("last_seen_at", flat=True).get(id=won.runner_id) == before
+    # ...and the same call, the database answering again, is served.
+    answer = fastlane.serve(fastlane.STATUS, call_)
+    assert answer is not None
+    assert (answer[0], json.loads(answer[2])) == (200, {"status": "assigned", "cancel_requested": False})
