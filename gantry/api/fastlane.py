@@ -107,6 +107,8 @@ def _disabled_reason() -> str | None:
         return "SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS or DISALLOWED_USER_AGENTS is set (not reproduced here)"
     if settings.PREPEND_WWW or settings.APPEND_SLASH:
         return "PREPEND_WWW or APPEND_SLASH is set (CommonMiddleware would redirect)"
+    if settings.USE_X_FORWARDED_HOST or settings.USE_X_FORWARDED_PORT:
+        return "USE_X_FORWARDED_HOST or USE_X_FORWARDED_PORT is set (the host check reads the Host header alone)"
     return None
 
 

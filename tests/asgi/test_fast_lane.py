@@ -247,6 +247,8 @@ def test_the_lane_is_off_for_a_middleware_list_it_does_not_reproduce(monkeypatch
         assert "MIDDLEWARE" in (fastlane._disabled_reason() or "")
     with override_settings(SECURE_SSL_REDIRECT=True):
         assert "SECURE_SSL_REDIRECT" in (fastlane._disabled_reason() or "")
+    with override_settings(USE_X_FORWARDED_HOST=True):
+        assert "USE_X_FORWARDED_HOST" in (fastlane._disabled_reason() or "")
     monkeypatch.setenv("GANTRY_FAST_LANE", "false")
     assert fastlane._disabled_reason() == "GANTRY_FAST_LANE is false"
 
