@@ -380,12 +380,20 @@ def _repeat_loop(
 
 
 def _phase(meter: CpuMeter, k: int, seconds: float, target: Callable[..., None], *args: Any) -> PhaseResult:
+    """K threads running ``target(*args, deadline, result, lock)`` for ``seconds``, the server's CPU metered."""
+    return _threads(meter, seconds, target, [args] * k)
+
+
+def _threads(
+    meter: CpuMeter, seconds: float, target: Callable[..., None], per_thread: list[tuple[Any, ...]]
+) -> PhaseResult:
+    """One thread per entry of ``per_thread``, each ``target(*entry, deadline, result, lock)``."""
     res = PhaseResult(seconds=seconds)
     lock = threading.Lock()
     meter.start()
     t0 = time.perf_counter()
     deadline = t0 + seconds
-    threads = [threading.Thread(target=target, args=(*args, deadline, res, lock)) for _ in range(k)]
+    threads = [threading.Thread(target=target, args=(*args, deadline, res, lock)) for args in per_thread]
     for t in threads:
         t.start()
     for t in threads:
@@ -429,22 +437,13 @@ def hold_runs(fleet: Fleet, n: int) -> list[tuple[str, str]]:
 
 def _status_phase(meter: CpuMeter, port: int, held: list[tuple[str, str]], k: int, seconds: float) -> PhaseResult:
     """K threads, each calling /status for its share of the held runs in turn."""
-    res = PhaseResult(seconds=seconds)
-    lock = threading.Lock()
     targets = [(f"/api/v1/runs/{run}/status", tok) for run, tok in held]
-    shares = [targets[i::k] for i in range(k)]
-    meter.start()
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
-    threads = [threading.Thread(target=_repeat_loop, args=(port, share, deadline, res, lock, "status"))
-               for share in shares]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    res.seconds = time.perf_counter() - t0
-    res.cpu = meter.stop()
-    return res
+    return _threads(meter, seconds, _status_loop, [(port, targets[i::k]) for i in range(k)])
+
+
+def _status_loop(port: int, share: Sequence[tuple[str, str | None]], deadline: float, res: PhaseResult,
+                 lock: threading.Lock) -> None:  # fmt: skip
+    _repeat_loop(port, share, deadline, res, lock, "status")
 
 
 # --------------------------------------------------------------------------- figures
