@@ -56,6 +56,16 @@ REAPER_OUTCOMES: dict[str, tuple[str, ...]] = {
 SWEEP_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+def _read_hash(key: str, what: str) -> dict[str, str] | None:
+    """One figures hash from Redis as text, or None (logged) when Redis cannot answer: a scrape fails open."""
+    try:
+        raw = gantry_redis.client().hgetall(key)
+    except redis.RedisError as exc:
+        log.warning("%s unavailable: %s", what, exc, extra={"event": "metrics.read_failed"})
+        return None
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
 def _key() -> str:
     return f"gantry:metrics:{connections['default'].settings_dict['NAME']}:reapers"
 
@@ -89,12 +99,9 @@ class ReaperCollector(Collector):
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        try:
-            raw = gantry_redis.client().hgetall(_key())
-        except redis.RedisError as exc:
-            log.warning("reaper metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
+        values = _read_hash(_key(), "reaper metrics")
+        if values is None:
             return []
-        values = {_text(k): _text(v) for k, v in raw.items()}
         return self._families(values)
 
     @staticmethod
@@ -180,12 +187,8 @@ class DispatchCollector(Collector):
         return self._families({})
 
     def collect(self) -> Iterable[Metric]:
-        try:
-            raw = gantry_redis.client().hgetall(_dispatch_key())
-        except redis.RedisError as exc:
-            log.warning("dispatcher metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
-            raw = {}
-        return self._families({_text(k): _text(v) for k, v in raw.items()})
+        # Every series at 0 when Redis cannot answer (the dispatcher's families are always listed).
+        return self._families(_read_hash(_dispatch_key(), "dispatcher metrics") or {})
 
     @staticmethod
     def _families(values: Mapping[str, str]) -> list[Metric]:
@@ -365,12 +368,9 @@ class RunCollector(Collector):
         from gantry.core.models import Organization  # the app registry is ready by the first scrape
 
         flush_runs()  # this process's own latest figures, at least
-        try:
-            raw = gantry_redis.client().hgetall(_runs_key())
-        except redis.RedisError as exc:
-            log.warning("run metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
+        values = _read_hash(_runs_key(), "run metrics")
+        if values is None:
             return []
-        values = {_text(k): _text(v) for k, v in raw.items()}
         slugs = {str(i): s for i, s in Organization.objects.values_list("id", "slug")}
         finished = CounterMetricFamily(
             "gantry_runs_finished",
@@ -422,12 +422,9 @@ class PollCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        try:
-            raw = gantry_redis.client().hgetall(_poll_key())
-        except redis.RedisError as exc:
-            log.warning("poll metrics unavailable: %s", exc, extra={"event": "metrics.read_failed"})
+        values = _read_hash(_poll_key(), "poll metrics")
+        if values is None:
             return []
-        values = {_text(k): _text(v) for k, v in raw.items()}
         family = CounterMetricFamily(
             "gantry_poll_fleet_claim_attempts",
             "Claim attempts of runner-group polls over all web processes: a poll's first, or one after a wake.",
