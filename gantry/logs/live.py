@@ -11,10 +11,12 @@ sees the header of one push with the data of another.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import binascii
 import json
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -157,6 +159,51 @@ def _parse(run_id: uuid.UUID, raw: object) -> LiveRecord | None:
 def delete(run_id: uuid.UUID) -> None:
     """Drop the run's record (after /done, or once flushed to storage)."""
     delete_many([run_id])
+
+
+# Records dropped a moment late, many per round trip (delete_soon).
+DELETE_SOON_SECONDS = 1.0
+_doomed: list[uuid.UUID] = []
+_doomed_lock = threading.Lock()
+_sweeper: threading.Thread | None = None
+
+
+def delete_soon(run_id: uuid.UUID) -> None:
+    """Drop the run's record within :data:`DELETE_SOON_SECONDS`, together with others: for the fast lane's /done.
+
+    A finished run's reader goes by its manifest (written by /done itself)
+    and ignores the record, so dropping it a second later changes no answer;
+    it spares the hot call its only Redis round trip. Best-effort as
+    :func:`delete`: a record the sweep misses expires by its TTL.
+    """
+    global _sweeper
+    with _doomed_lock:
+        _doomed.append(run_id)
+        if _sweeper is None or not _sweeper.is_alive():
+            # One daemon thread per process, started on first use (a fork's
+            # child starts its own: threads do not survive fork).
+            _sweeper = threading.Thread(target=_sweep_forever, name="gantry-live-sweep", daemon=True)
+            _sweeper.start()
+
+
+def flush_deletes() -> None:
+    """Drop now every record :func:`delete_soon` was given (the sweep's tick, and at exit)."""
+    with _doomed_lock:
+        run_ids = _doomed[:]
+        _doomed.clear()
+    delete_many(run_ids)
+
+
+def _sweep_forever() -> None:
+    while True:
+        time.sleep(DELETE_SOON_SECONDS)
+        try:
+            flush_deletes()
+        except Exception:  # never let the thread die
+            log.exception("live log sweep failed")
+
+
+atexit.register(flush_deletes)
 
 
 def delete_many(run_ids: list[uuid.UUID], *extra_keys: str) -> None:

@@ -14,17 +14,26 @@ from __future__ import annotations
 import base64
 import gzip
 import uuid
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
 from gantry.api import fastbody
 from gantry.api.auth import BearerJWTAuthentication
-from gantry.api.runner_views import DoneSerializer, ReadySerializer, RunContextSerializer
+from gantry.api.runner_views import (
+    ClaimSerializer,
+    DoneSerializer,
+    ReadySerializer,
+    RunContextSerializer,
+    claim_answer,
+)
 from gantry.core import services, tokens
 from gantry.core.models import Deployment, Run, RunEvent, Runner, RunnerGroup, RunToken, Stack
+from gantry.dispatch.claim import Claim
 
 
 def _bearer(token: str) -> APIClient:
@@ -355,6 +364,23 @@ def test_it_renders_a_run_context_as_its_serializer_would(spec: dict[str, Any]) 
     if fast is not None:
         assert list(fast) == list(RunContextSerializer(context).data)
         assert _plain(fast) == _plain(RunContextSerializer(context).data)
+
+
+@pytest.mark.parametrize(
+    "expires",
+    [
+        datetime(2026, 12, 1, 18, 30, 5, 123456, tzinfo=UTC),
+        datetime(2026, 12, 1, 18, 30, 5, tzinfo=UTC),
+        datetime(2026, 12, 1, 20, 30, 5, 7, tzinfo=timezone(timedelta(hours=2))),
+    ],
+)
+def test_it_renders_a_claim_as_its_serializer_would(expires: datetime) -> None:
+    claim = Claim(run_id=uuid.uuid4(), runner_id=uuid.uuid4(), runner_token="a.b.c", assigned_expires_at=expires)
+    fields = {name: getattr(claim, name) for name in ("run_id", "runner_id", "runner_token", "assigned_expires_at")}
+    slow = dict(ClaimSerializer(fields).data)
+    fast = claim_answer(claim)
+    assert list(fast) == list(slow)
+    assert JSONRenderer().render(fast) == JSONRenderer().render(slow)
 
 
 # ---------------------------------------------------------------- the token's group folded into the statement

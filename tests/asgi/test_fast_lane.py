@@ -15,6 +15,7 @@ import base64
 import gzip
 import http.client
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -309,3 +310,66 @@ def test_a_database_error_hands_the_call_to_django_with_nothing_written(acme: Or
     answer = fastlane.serve(fastlane.STATUS, call_)
     assert answer is not None
     assert (answer[0], json.loads(answer[2])) == (200, {"status": "assigned", "cancel_requested": False})
+
+
+def test_a_thread_keeps_its_connection_between_served_calls_and_returns_it_otherwise(
+    acme: Organization, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In this process, as a request thread of the server runs the lane.
+    from django.db import connection
+
+    from gantry.dispatch.claim import claim
+
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    won = claim(group=linux(acme))
+    assert won is not None
+    status = fastlane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
+    wrong_run = fastlane.Call(ids={"run_id": uuid.uuid4()}, token=won.runner_token, query=b"")
+    monkeypatch.setattr(fastlane, "STICKY_SECONDS", 5.0)
+
+    answer = fastlane.serve(fastlane.STATUS, status)
+    assert answer is not None
+    assert answer[0] == 200
+    kept = connection.connection
+    assert kept is not None  # not handed back after a served call
+    answer = fastlane.serve(fastlane.STATUS, status)
+    assert answer is not None
+    assert answer[0] == 200
+    assert connection.connection is kept  # the next hot call on the thread reuses it
+
+    assert fastlane.serve(fastlane.STATUS, wrong_run) is None  # handed to Django: returned at once
+    assert connection.connection is None
+
+    assert fastlane.serve(fastlane.STATUS, status) is not None
+    assert connection.connection is not None
+    monkeypatch.setattr(fastlane, "STICKY_SECONDS", 0.0)  # off (or past its time): returned after the call
+    assert fastlane.serve(fastlane.STATUS, status) is not None
+    assert connection.connection is None
+
+
+def test_connections_stay_with_threads_only_when_the_pool_has_one_for_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.conf import settings
+
+    monkeypatch.setattr(fastlane, "STICKY_SECONDS", fastlane.STICKY_SECONDS)  # restored after the test
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    if isinstance(pool, dict):
+        assert fastlane.allow_sticky_connections(pool["max_size"]) is True
+        assert fastlane.STICKY_SECONDS > 0
+    assert fastlane.allow_sticky_connections(10**6) is False
+    assert fastlane.STICKY_SECONDS == 0
+
+
+def test_done_through_the_lane_drops_the_live_record_within_the_sweep(server: Server, acme: Organization) -> None:
+    from gantry.logs import live
+
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    run, _, tok = accepted(server, linux(acme))
+    assert call(server, "POST", f"/api/v1/runs/{run}/logs/live", tok, LIVE)[0] == 204
+    assert live.get(uuid.UUID(run)) is not None
+    was = served(server, "done")
+    assert call(server, "POST", f"/api/v1/runs/{run}/done", tok, DONE)[0] == 204
+    assert served(server, "done") == was + 1
+    deadline = time.monotonic() + 10 * live.DELETE_SOON_SECONDS
+    while live.get(uuid.UUID(run)) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live.get(uuid.UUID(run)) is None

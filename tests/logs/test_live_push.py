@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import logging
+import uuid
 
 import pytest
 from django.test import override_settings
@@ -142,3 +143,13 @@ def test_it_drops_pushes_before_the_run_is_accepted(stack: Stack, group: RunnerG
 def acme_second_stack_run(acme: Organization) -> str:
     other = services.stack_create(org=acme, name="other", spec=SPEC)
     return str(services.deployment_create(stack=other).runs.get().id)
+
+
+def test_delete_soon_drops_records_together_at_the_sweep(executing: Executing) -> None:
+    run_id = executing.run.id
+    assert live.store(run_id, chunk_index=0, sealed_chunks=0, data=b"x")
+    live.delete_soon(run_id)
+    live.delete_soon(uuid.uuid4())  # a run without a record: nothing to drop, no error
+    live.flush_deletes()
+    assert live.get(run_id) is None
+    live.flush_deletes()  # nothing pending: a no-op
