@@ -52,8 +52,8 @@ SYNC_THREADS = envint("GANTRY_SYNC_THREADS", 16, minimum=1)
 POLL_THREADS = envint("GANTRY_POLL_THREADS", 3, minimum=1)
 
 _sync = WSGIMiddleware(django_app, workers=SYNC_THREADS)  # type: ignore[arg-type]
-# The sync and poll threads may keep a connection each between hot calls (and
-# the wake thread takes one): only when the pool has that many.
+# The sync threads may keep a connection each between hot calls, beside the
+# poll and wake threads' own: only when the pool has that many.
 fastlane.allow_sticky_connections(SYNC_THREADS + POLL_THREADS + 1)
 _poll_pool = ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix="gantry-poll")
 # Wakes (a claim for a new run, the hand-off query, the counters) have threads of

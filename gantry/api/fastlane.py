@@ -152,6 +152,9 @@ class Route:
     body: bool = False
     query: bool = False  # the poll's ?wait=
     max_body: int = MAX_BODY
+    # Whether its thread may keep the connection for its next call (not the
+    # poll's: its threads hold none while polls are parked).
+    sticky: bool = True
 
     def answer(self, status: int, body: bytes | None = None) -> Answer:
         """The view's answer: its content type, DRF's Allow, then the middleware's headers."""
@@ -230,7 +233,7 @@ def serve(route: Route, call: Call) -> Answer | None:
         log.exception("fast lane %s failed", route.name)
         answer = route.answer(500, JSONRenderer().render(_SERVER_ERROR))
     finally:
-        _release_connection(keep=answer is not None and answer[0] < 500)
+        _release_connection(keep=route.sticky and answer is not None and answer[0] < 500)
     if answer is None:
         _counted(route.name, DJANGO).inc()
         return None
@@ -458,7 +461,8 @@ LIVE = Route("live", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/logs
              _live, body=True, max_body=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)  # fmt: skip
 DEREGISTER = Route("deregister", "DELETE", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/deregister"),
                    runner_views.DeregisterView, _deregister)  # fmt: skip
-POLL = Route("poll", "GET", re.compile("/api/v1/runner-groups/poll"), runner_views.PollView, _poll, query=True)
+POLL = Route("poll", "GET", re.compile("/api/v1/runner-groups/poll"), runner_views.PollView, _poll, query=True,
+             sticky=False)  # fmt: skip
 ROUTES = (STATUS, READY, ACCEPT, DONE, LIVE, DEREGISTER, POLL)
 _BY_METHOD_AND_TAIL = {(r.method, r.path.pattern.rsplit("/", 1)[1]): r for r in ROUTES}
 

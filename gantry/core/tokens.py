@@ -43,7 +43,12 @@ def mint_group_token(*, group_id: int, token_version: int) -> str:
 
 
 def mint_runner_token(*, runner_id: uuid.UUID, run_id: uuid.UUID, group_id: int) -> str:
-    return _encode({"aud": AUD_RUNNER, "sub": str(runner_id), "run": str(run_id), "grp": group_id})
+    claims = {"aud": AUD_RUNNER, "sub": str(runner_id), "run": str(run_id), "grp": group_id}
+    token = _encode(claims)
+    # Its first use (ready) would verify it again; when that call reaches this
+    # process the answer is already known: the claims it was signed with.
+    _remember(token, Claims(audience=AUD_RUNNER, subject=claims["sub"], raw={"iss": ISSUER, **claims}))
+    return token
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,17 @@ def decode(token: str) -> Claims:
         return cached
     claims = _verify(token)
     if not any(name in claims.raw for name in _TIME_CLAIMS):
-        with _VERIFIED_LOCK:  # request threads share the cache; eviction iterates it
-            while len(_VERIFIED) >= _VERIFIED_MAX:
-                _VERIFIED.pop(next(iter(_VERIFIED)))  # the oldest entry (dicts keep insertion order)
-            _VERIFIED[(token, keys)] = claims
+        _remember(token, claims, keys)
     return claims
+
+
+def _remember(token: str, claims: Claims, keys: tuple[tuple[str, str], ...] | None = None) -> None:
+    if keys is None:
+        keys = tuple(sorted(settings.GANTRY_JWT_KEYS.items()))
+    with _VERIFIED_LOCK:  # request threads share the cache; eviction iterates it
+        while len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.pop(next(iter(_VERIFIED)))  # the oldest entry (dicts keep insertion order)
+        _VERIFIED[(token, keys)] = claims
 
 
 def _verify(token: str) -> Claims:

@@ -131,9 +131,12 @@ ORDER BY created_at, id
 LIMIT %(limit)s
 """
 
-# busy runners gone silent — index runner_busy_seen_idx. A busy runner's
-# liveness is its last status poll; accept stamps it, so it is never null in
-# practice, and the fallbacks only keep a hand-made row from escaping.
+# busy runners gone silent — a pass over the runner table, which holds only
+# the live fleet (no index on last_seen_at: every /status moves it, and an
+# index would keep each heartbeat from being a HOT update; migration 0016). A
+# busy runner's liveness is its last status poll; accept stamps it, so it is
+# never null in practice, and the fallbacks only keep a hand-made row from
+# escaping.
 _SILENT_RUNNERS_SQL = """
 SELECT COALESCE(last_seen_at, accepted_at, created_at), id FROM runner
 WHERE status = 'busy' AND COALESCE(last_seen_at, accepted_at, created_at) < %(silent_before)s

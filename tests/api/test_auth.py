@@ -210,3 +210,12 @@ def test_it_binds_a_runner_token_to_its_group(group: RunnerGroup, globex: Organi
     forged_group = _signed({**claims, "grp": other.id})
     assert _bearer(forged_group).get("/api/v1/orgs").status_code == 401
     assert Run.objects.filter(status="assigned").count() == 1
+
+
+def test_a_minted_runner_token_is_remembered_as_its_verification_would_read_it() -> None:
+    runner_id, run_id = uuid.uuid4(), uuid.uuid4()
+    token = tokens.mint_runner_token(runner_id=runner_id, run_id=run_id, group_id=7)
+    keys = tuple(sorted(settings.GANTRY_JWT_KEYS.items()))
+    remembered = tokens._VERIFIED.pop((token, keys))  # seeded at mint; dropped so decode verifies afresh
+    assert tokens.decode(token) == remembered
+    assert remembered.raw == {"iss": "gantry", "aud": "runner", "sub": str(runner_id), "run": str(run_id), "grp": 7}

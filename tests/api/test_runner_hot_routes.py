@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from django.db import connection
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
@@ -156,6 +157,19 @@ def test_it_answers_status_and_refreshes_liveness(group: RunnerGroup, stack: Sta
         "status": "requested_cancellation",
         "cancel_requested": True,
     }
+
+
+def test_a_heartbeat_is_a_heap_only_update(group: RunnerGroup, stack: Stack) -> None:
+    # No index covers last_seen_at (migration 0016), so /status writes no index
+    # entry: PostgreSQL counts the update as HOT. Read within this transaction.
+    run, _, client = _accepted(group, stack)
+    with connection.cursor() as cur:
+        counts = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'runner'"
+        cur.execute(counts)
+        updated, hot = cur.fetchone()
+        assert client.get(f"/api/v1/runs/{run}/status").status_code == 200
+        cur.execute(counts)
+        assert cur.fetchone() == (updated + 1, hot + 1)
 
 
 def test_it_refuses_status_for_another_run_and_writes_nothing(group: RunnerGroup, stack: Stack) -> None:

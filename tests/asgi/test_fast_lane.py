@@ -28,6 +28,7 @@ from rest_framework.test import APIClient
 from gantry.api import fastlane
 from gantry.core import tokens
 from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus
+from gantry.dispatch import asyncpoll
 from tests.asgi.server import POLL, Server, asgi_server
 from tests.dispatch.helpers import deploy, make_group, make_stack
 
@@ -321,7 +322,8 @@ def test_a_thread_keeps_its_connection_between_served_calls_and_returns_it_other
     from gantry.dispatch.claim import claim
 
     deploy(make_stack(acme, "web", {"os": "linux"}))
-    won = claim(group=linux(acme))
+    group = linux(acme)
+    won = claim(group=group)
     assert won is not None
     status = fastlane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
     wrong_run = fastlane.Call(ids={"run_id": uuid.uuid4()}, token=won.runner_token, query=b"")
@@ -344,6 +346,14 @@ def test_a_thread_keeps_its_connection_between_served_calls_and_returns_it_other
     assert connection.connection is not None
     monkeypatch.setattr(fastlane, "STICKY_SECONDS", 0.0)  # off (or past its time): returned after the call
     assert fastlane.serve(fastlane.STATUS, status) is not None
+    assert connection.connection is None
+
+    # The poll's threads keep nothing between attempts, a claim won or not.
+    monkeypatch.setattr(fastlane, "STICKY_SECONDS", 5.0)
+    poll = fastlane.Call(ids={}, token=group_token(group), query=b"wait=0", deferred=asyncpoll.Deferred())
+    answer = fastlane.serve(fastlane.POLL, poll)
+    assert answer is not None
+    assert answer[0] == 204
     assert connection.connection is None
 
 
