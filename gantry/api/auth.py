@@ -9,6 +9,7 @@ forged, expired, revoked or unknown one a 401.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,18 +122,37 @@ _RUNNER = prepared.Statement(
 
 def token_group(claims: tokens.Claims) -> RunnerGroup:
     """The group of a verified group token, its organization loaded along (one read); revoked or gone: a 401."""
+    group_id = _group_id(claims)
+    return group_of_row(claims, prepared.fetchone(_GROUP, {"group": group_id}) if group_id is not None else None)
+
+
+def _group_id(claims: tokens.Claims) -> int | None:
     group_id = _int(claims.subject)
-    in_range = _BIGINT_MIN <= group_id <= _BIGINT_MAX
-    row = prepared.fetchone(_GROUP, {"group": group_id}) if in_range else None
+    return group_id if _BIGINT_MIN <= group_id <= _BIGINT_MAX else None
+
+
+def group_of_row(claims: tokens.Claims, row: Sequence[Any] | None) -> RunnerGroup:
+    """The group a group token names, from its row as :data:`_GROUP` reads it; revoked or gone: a 401."""
     # A rotated token carries an old version: revoked at once, not at expiry.
     if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
         raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
     group = prepared.instance(RunnerGroup, row)
+    if "org" in claims.raw and claims.raw["org"] != group.organization_id:
+        raise exceptions.AuthenticationFailed("runner group token names another organization")
     # As select_related("organization") did: the org is cached on the
     # group, so no code reaching for it (an async poll handler among them)
     # makes a query of its own.
     group.organization = prepared.instance(Organization, row, prepared.width(RunnerGroup))
     return group
+
+
+def group_check(claims: tokens.Claims) -> tuple[RunnerGroup, tuple[prepared.Statement, dict[str, Any]]] | None:
+    """For a token that names its org: a stand-in group (id and org) and the read that proves it, to be sent
+    with the caller's own statement and judged by :func:`group_of_row`; None: the token must be read first."""
+    group_id, org = _group_id(claims), claims.raw.get("org")
+    if group_id is None or not isinstance(org, int) or isinstance(org, bool) or not _BIGINT_MIN <= org <= _BIGINT_MAX:
+        return None
+    return prepared.loaded(RunnerGroup, id=group_id, organization_id=org), (_GROUP, {"group": group_id})
 
 
 def runner_claims(claims: tokens.Claims) -> tuple[uuid.UUID, uuid.UUID, int | None]:

@@ -51,7 +51,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from gantry.api import fastbody, runner_views
-from gantry.api.auth import runner_claims, token_group
+from gantry.api.auth import group_check, group_of_row, runner_claims, token_group
 from gantry.core import services, tokens
 from gantry.core.errors import GantryError
 from gantry.core.models import GroupKind
@@ -414,21 +414,35 @@ def _poll(call: Call) -> Answer | None:
     claims = tokens.decode(call.token)
     if claims.audience != tokens.AUD_GROUP:
         return None
-    group = token_group(claims)
-    if group.kind == GroupKind.GITHUB_ACTIONS:
-        return None  # refused by the view (backend_dispatched_group)
     wait = _wait(call.query)
     if wait is None:
         return None
+    checked = group_check(claims)
+    vouch = None
+    if checked is None:  # a token that does not name its org: its group is read first
+        group = token_group(claims)
+        if group.kind == GroupKind.GITHUB_ACTIONS:
+            return None  # refused by the view (backend_dispatched_group)
+    else:
+        # The token's read rides in the claim's own message; its row decides
+        # whether the claim stands (a revoked token, a gone group, another
+        # org, a github_actions group: rolled back, and Django answers).
+        group, (statement, args) = checked
+        vouch = dispatch.Vouch(statement, args, check=lambda row: _self_hosted(group_of_row(claims, row)))
     try:
         result = deferred.attempt(
-            group=group, wait=wait, claim=lambda: dispatch.claim(group=group, raise_throttled=True)
+            group=group, wait=wait, claim=lambda: dispatch.claim(group=group, raise_throttled=True, vouch=vouch)
         )
     except dispatch.Throttled:
         result = None
     if result is None:
         return POLL.answer(204)
     return POLL.answer(200, JSONRenderer().render(runner_views.claim_answer(result)))
+
+
+def _self_hosted(group: Any) -> None:
+    if group.kind == GroupKind.GITHUB_ACTIONS:
+        raise AuthenticationFailed("a github_actions group does not poll")  # the view answers 403 for it
 
 
 _WAIT = re.compile(rb"(?:wait=([0-9]{1,2}(?:\.[0-9]{1,3})?))?")

@@ -1,7 +1,9 @@
 """Credentials: group and runner JWTs, and run API tokens.
 
-Group token: audience ``runner-group``, the group id (``sub``) and the group's
-``token_version`` (``ver``); no expiry; bumping the version revokes it.
+Group token: audience ``runner-group``, the group id (``sub``), the group's
+``token_version`` (``ver``) and, since issue 12, its organization (``org``,
+signed with the rest and checked against the group's row); no expiry; bumping
+the version revokes it.
 Runner token: audience ``runner``, the runner id (``sub``), its run (``run``)
 and group (``grp``); minted by the poll, useless once the runner row is gone.
 Both are HS256, signed with the first of ``GANTRY_JWT_KEYS`` and verified with
@@ -38,16 +40,22 @@ def _encode(claims: dict[str, Any]) -> str:
     )
 
 
-def mint_group_token(*, group_id: int, token_version: int) -> str:
-    return _encode({"aud": AUD_GROUP, "sub": str(group_id), "ver": token_version})
+def mint_group_token(*, group_id: int, token_version: int, organization_id: int | None = None) -> str:
+    """A group token; with ``organization_id`` it names the group's org too (``org``), so the fast lane's poll
+    can send its check and its claim in one message (gantry/api/fastlane.py). Tokens without it still work."""
+    claims: dict[str, Any] = {"aud": AUD_GROUP, "sub": str(group_id), "ver": token_version}
+    if organization_id is not None:
+        claims["org"] = organization_id
+    return _encode(claims)
 
 
 def mint_runner_token(*, runner_id: uuid.UUID, run_id: uuid.UUID, group_id: int) -> str:
-    claims = {"aud": AUD_RUNNER, "sub": str(runner_id), "run": str(run_id), "grp": group_id}
+    subject = str(runner_id)
+    claims: dict[str, Any] = {"aud": AUD_RUNNER, "sub": subject, "run": str(run_id), "grp": group_id}
     token = _encode(claims)
     # Its first use (ready) would verify it again; when that call reaches this
     # process the answer is already known: the claims it was signed with.
-    _remember(token, Claims(audience=AUD_RUNNER, subject=claims["sub"], raw={"iss": ISSUER, **claims}))
+    _remember(token, Claims(audience=AUD_RUNNER, subject=subject, raw={"iss": ISSUER, **claims}))
     return token
 
 

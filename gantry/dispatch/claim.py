@@ -63,6 +63,7 @@ import hashlib
 import logging
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -72,7 +73,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.utils import timezone
 
 from gantry import conf, metrics
-from gantry.core import tokens
+from gantry.core import prepared, tokens
 from gantry.core.models import Organization, RunnerGroup
 from gantry.dispatch import throttle
 
@@ -209,6 +210,30 @@ class Claim:
     assigned_expires_at: datetime
 
 
+@dataclass(frozen=True)
+class Vouch:
+    """A read that proves the caller may claim for the group, sent in the claim's own message.
+
+    The fast lane's poll (gantry/api/fastlane.py) holds a group token that
+    names its org, so it need not read the group before claiming: its
+    authentication read goes in front of BEGIN in the claim's message (one
+    round trip instead of two) and ``check`` judges its row after the claim
+    statement ran, before the throttle. A check that raises rolls the claim
+    back (the run, the stub and the poll's stamp were never visible) and its
+    exception reaches the caller.
+    """
+
+    statement: prepared.Statement
+    args: dict[str, Any]
+    check: Callable[[tuple[Any, ...] | None], None]
+
+    def sql(self) -> str:
+        return self.statement.execute_sql
+
+    def params(self) -> list[Any]:
+        return [self.args[name] for name in self.statement.params]
+
+
 class Throttled(Exception):
     """The org's dispatch budget is spent; the claim was rolled back.
 
@@ -264,19 +289,36 @@ def _stamp_throttled(exc: Throttled) -> None:
         )
 
 
-def _ensure_prepared(conn: psycopg.Connection[Any]) -> None:
-    """PREPARE the claim on this session, once (a prepared statement lives as long as the session)."""
+def _ensure_prepared(conn: psycopg.Connection[Any], vouch: Vouch | None = None) -> None:
+    """PREPARE the claim (and the vouch's read) on this session, once (a prepared statement lives as long as the
+    session)."""
     if conn not in _prepared_on:
         conn.execute(_PREPARE_SQL)
         _prepared_on[conn] = True
+    if vouch is not None:
+        vouch.statement.ensure_prepared(conn)
 
 
-def _fetch_claim(cur: psycopg.ClientCursor[Any], *, begin: bool, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+def _fetch_claim(
+    cur: psycopg.ClientCursor[Any], *, begin: bool, args: tuple[Any, ...], vouch: Vouch | None = None
+) -> tuple[Any, ...] | None:
+    if begin and vouch is not None:
+        # The read first: BEGIN then makes its implicit transaction the claim's.
+        cur.execute(f"{vouch.sql()}; {_BEGIN_AND_EXECUTE_SQL}", [*vouch.params(), *args])
+        vouched = cur.fetchone()
+        cur.nextset()  # to BEGIN's empty result,
+        cur.nextset()  # SET's,
+        cur.nextset()  # and the claim's
+        row = cur.fetchone()
+        vouch.check(vouched)
+        return row
     if begin:
         cur.execute(_BEGIN_AND_EXECUTE_SQL, args)
         cur.nextset()  # past BEGIN's empty result,
         cur.nextset()  # and SET's, to the claim's
     else:
+        if vouch is not None:
+            vouch.check(prepared.fetchone(vouch.statement, vouch.args))
         cur.execute(_EXECUTE_SQL, args)
     return cur.fetchone()
 
@@ -292,12 +334,17 @@ def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
 
 
 def _claim_own_transaction(
-    conn: psycopg.Connection[Any], args: tuple[Any, ...], *, organization_id: int, now: datetime
+    conn: psycopg.Connection[Any],
+    args: tuple[Any, ...],
+    *,
+    organization_id: int,
+    now: datetime,
+    vouch: Vouch | None = None,
 ) -> tuple[tuple[Any, ...] | None, throttle.Outcome | None]:
     """BEGIN + EXECUTE in one message, the throttle, then COMMIT (or ROLLBACK): two database round trips."""
     with psycopg.ClientCursor(conn) as cur:
         try:
-            row = _fetch_claim(cur, begin=True, args=args)
+            row = _fetch_claim(cur, begin=True, args=args, vouch=vouch)
             outcome = None
             if row is not None:
                 outcome = _consume_dispatch_token(organization_id=organization_id, now=now, runs_per_hour_limit=row[1])
@@ -310,21 +357,31 @@ def _claim_own_transaction(
 
 
 def _claim_in_callers_transaction(
-    conn: psycopg.Connection[Any], args: tuple[Any, ...], *, organization_id: int, now: datetime
+    conn: psycopg.Connection[Any],
+    args: tuple[Any, ...],
+    *,
+    organization_id: int,
+    now: datetime,
+    vouch: Vouch | None = None,
 ) -> tuple[tuple[Any, ...] | None, throttle.Outcome | None]:
     """Inside a caller's atomic block: a savepoint, so a throttled claim undoes only itself."""
     with transaction.atomic(), psycopg.ClientCursor(conn) as cur:
-        row = _fetch_claim(cur, begin=False, args=args)
+        row = _fetch_claim(cur, begin=False, args=args, vouch=vouch)
         if row is None:
             return None, None
         return row, _consume_dispatch_token(organization_id=organization_id, now=now, runs_per_hour_limit=row[1])
 
 
-def claim(*, group: RunnerGroup, now: datetime | None = None, raise_throttled: bool = False) -> Claim | None:
+def claim(
+    *, group: RunnerGroup, now: datetime | None = None, raise_throttled: bool = False, vouch: Vouch | None = None
+) -> Claim | None:
     """Claim the oldest run ``group`` may take, or None when there is none (or the org is throttled).
 
     With ``raise_throttled`` a throttled claim raises :class:`Throttled` instead
-    of answering None (after the rollback and the stamp, as always).
+    of answering None (after the rollback and the stamp, as always). With
+    ``vouch``, its read rides in the claim's message and its check decides
+    whether the claim stands (:class:`Vouch`); only ``group.id`` and
+    ``group.organization_id`` are read here.
     """
     now = now or timezone.now()
     runner_id = uuid.uuid4()
@@ -341,14 +398,16 @@ def claim(*, group: RunnerGroup, now: datetime | None = None, raise_throttled: b
     try:
         with db.wrap_database_errors:
             try:
-                _ensure_prepared(conn)
-                row, outcome = run_claim(conn, args, organization_id=group.organization_id, now=now)
+                _ensure_prepared(conn, vouch)
+                row, outcome = run_claim(conn, args, organization_id=group.organization_id, now=now, vouch=vouch)
             except psycopg.errors.InvalidSqlStatementName:
                 # The session lost its prepared statements (DISCARD ALL or
                 # DEALLOCATE by someone else): prepare again, claim once more.
                 _prepared_on.pop(conn, None)
-                _ensure_prepared(conn)
-                row, outcome = run_claim(conn, args, organization_id=group.organization_id, now=now)
+                if vouch is not None:
+                    vouch.statement.forget(conn)
+                _ensure_prepared(conn, vouch)
+                row, outcome = run_claim(conn, args, organization_id=group.organization_id, now=now, vouch=vouch)
     except Throttled as exc:
         throttle.record(throttle.LIMITED)
         _stamp_throttled(exc)

@@ -50,7 +50,10 @@ def server(
 
 
 def token_of(group: RunnerGroup) -> str:
-    return tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
+    # As the services issue them: naming the org, so the lane's first pass sends its check with its claim.
+    return tokens.mint_group_token(
+        group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
+    )
 
 
 def wsgi(path: str, token: str | None) -> Answer:

@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 from rest_framework.test import APIClient
 
 from gantry.api import fastlane
-from gantry.core import tokens
+from gantry.core import services, tokens
 from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus
 from gantry.dispatch import asyncpoll
 from tests.asgi.server import POLL, Server, asgi_server
@@ -383,3 +383,54 @@ def test_done_through_the_lane_drops_the_live_record_within_the_sweep(server: Se
     while live.get(uuid.UUID(run)) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live.get(uuid.UUID(run)) is None
+
+
+# ---------------------------------------------------------------- a token that names its org: one message
+
+
+def org_token(group: RunnerGroup, *, version: int | None = None, org: int | None = None) -> str:
+    return tokens.mint_group_token(
+        group_id=group.id,
+        token_version=group.token_version if version is None else version,
+        organization_id=group.organization_id if org is None else org,
+    )
+
+
+def test_a_token_naming_its_org_polls_through_the_lane(server: Server, acme: Organization) -> None:
+    group = linux(acme)
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    was = served(server, "poll")
+    steps = lifecycle(lambda *a: call(server, *a), org_token(group))
+    assert [status for _, status, _, _ in steps] == [200, 204, 200, 204, 200, 204, 204]
+    assert served(server, "poll") == was + 1
+    stamp = RunnerGroup.objects.values_list("last_polled_at", flat=True).get(id=group.id)
+    assert call(server, "GET", POLL + "?wait=0", org_token(group))[0] == 204  # nothing left: served, stamped
+    assert served(server, "poll") == was + 2
+    assert RunnerGroup.objects.values_list("last_polled_at", flat=True).get(id=group.id) > stamp
+
+
+def test_a_refused_org_token_reaches_django_and_its_claim_is_undone(server: Server, acme: Organization) -> None:
+    from tests.github.conftest import gha_group, pending_runs
+
+    group, actions = linux(acme), gha_group(acme)
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    pending_runs(acme, 1)
+    stamps = dict(RunnerGroup.objects.values_list("id", "last_polled_at"))
+    rotated = org_token(group)
+    services.runner_group_rotate_token(group=group)
+    group.refresh_from_db()
+    cases = [
+        rotated,  # 401: revoked, the claim it rode with rolled back
+        org_token(group, org=acme.id + 1000),  # 401: names another org (signed, but not this group's)
+        org_token(actions),  # 403 backend_dispatched_group
+    ]
+    for token in cases:
+        was = served(server, "poll", fastlane.DJANGO)
+        got = call(server, "GET", POLL + "?wait=0", token)
+        want = django("GET", POLL + "?wait=0", token)
+        assert got[0] == want[0] in (401, 403), got
+        assert got[2] == want[2]
+        assert served(server, "poll", fastlane.DJANGO) == was + 1
+    assert not Runner.objects.exists()  # no stub survived
+    assert not Run.objects.filter(status=RunStatus.ASSIGNED).exists()
+    assert dict(RunnerGroup.objects.values_list("id", "last_polled_at")) == stamps  # no poll stamped

@@ -143,7 +143,12 @@ def setup_org() -> Fleet:
     org = Organization.objects.create(slug="bench-lifecycle", name="bench", runs_per_hour_limit=BENCH_RUNS_PER_HOUR)
     group = RunnerGroup.objects.create(organization=org, name="bench", labels={}, max_concurrent_runs=HUGE)
     RunSelector.objects.create(organization=org, selector={})
-    return Fleet(group.id, tokens.mint_group_token(group_id=group.id, token_version=group.token_version))
+    return Fleet(
+        group.id,
+        tokens.mint_group_token(
+            group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
+        ),
+    )
 
 
 def load_runs(n: int) -> None:

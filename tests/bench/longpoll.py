@@ -129,7 +129,9 @@ def setup(runs: int) -> Setup:
 
     return Setup(
         org_slug=org.slug,
-        group_token=tokens.mint_group_token(group_id=group.id, token_version=group.token_version),
+        group_token=tokens.mint_group_token(
+            group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
+        ),
         api_token=Token.objects.create(user=user).key,
         stacks=stacks,
         database=connection.settings_dict["NAME"],

@@ -94,3 +94,32 @@ def test_it_finishes_a_run_in_one_round_trip(acme: Organization) -> None:
     assert sent[0][1].startswith('"BEGIN; EXECUTE gantry_done_lock_')
     assert sent[0][1].endswith('; COMMIT"')
     assert not in_transaction()
+
+
+def test_a_poll_whose_token_names_its_org_reads_the_group_in_the_claims_message(acme: Organization) -> None:
+    from gantry.api import fastlane
+    from gantry.dispatch import asyncpoll
+
+    group = make_group(acme, "linux", {"os": "linux"})
+    token = tokens.mint_group_token(
+        group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
+    )
+    for name in ("warm", "b"):
+        deploy(make_stack(acme, name, {"os": "linux"}))
+
+    def poll() -> fastlane.Answer | None:
+        call = fastlane.Call(ids={}, token=token, query=b"wait=0", deferred=asyncpoll.Deferred())
+        return fastlane._poll(call)
+
+    warm = poll()  # prepares the statements on this session
+    assert warm is not None
+    assert warm[0] == 200
+    with wire() as sent:
+        answer = poll()
+    assert answer is not None
+    assert answer[0] == 200
+    # The group's read, BEGIN and the claim in one message; the throttle; then COMMIT.
+    assert _round_trips(sent) == 2, sent
+    assert re.match(r'"EXECUTE gantry_auth_group_\w+ \(\d+\); BEGIN; SET LOCAL', sent[0][1]), sent
+    assert sent[1][1] == '"COMMIT"', sent
+    assert not in_transaction()

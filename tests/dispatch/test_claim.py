@@ -341,3 +341,39 @@ def test_runner_count_counts_claimed_stubs_and_every_other_insert_move_and_delet
     assert (runner_count(g1), runner_count(g2)) == (0, 1)
     for g in (g1, g2):
         assert runner_count(g) == Runner.objects.filter(runner_group=g).count()
+
+
+@pytest.mark.parametrize("verdict", ["stands", "refused"])
+def test_a_vouch_read_decides_whether_the_claim_stands_inside_a_callers_transaction(
+    acme: Organization, group: RunnerGroup, verdict: str
+) -> None:
+    from gantry.api.auth import group_check, group_of_row
+    from gantry.core import tokens
+    from gantry.dispatch.claim import Vouch
+
+    run = deploy(make_stack(acme, "web", {"os": "linux"}))
+    token = tokens.mint_group_token(
+        group_id=group.id, token_version=group.token_version + (verdict == "refused"), organization_id=acme.id
+    )
+    claims = tokens.decode(token)
+    checked = group_check(claims)
+    assert checked is not None
+    stand_in, (statement, args) = checked
+    seen: list[object] = []
+
+    def check(row: tuple[object, ...] | None) -> None:
+        seen.append(group_of_row(claims, row))  # raises AuthenticationFailed for the wrong version
+
+    vouch = Vouch(statement, args, check=check)
+    if verdict == "stands":
+        won = claim(group=stand_in, vouch=vouch)
+        assert won is not None
+        assert won.run_id == run.id
+        assert seen[0].id == group.id  # type: ignore[attr-defined]
+    else:
+        from rest_framework.exceptions import AuthenticationFailed
+
+        with pytest.raises(AuthenticationFailed):
+            claim(group=stand_in, vouch=vouch)
+        assert Run.objects.get(id=run.id).status == RunStatus.PENDING
+        assert not Runner.objects.exists()

@@ -137,7 +137,9 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
     if RunnerGroup.objects.filter(organization=org, name__iexact=name).exists():
         raise NameTaken(f"a runner group named {name!r} exists in this organization (names ignore case)")
     group = _create_named(RunnerGroup, "runner group", organization=org, name=name, **fields)
-    return group, tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
+    return group, tokens.mint_group_token(
+        group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
+    )
 
 
 def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
@@ -168,7 +170,9 @@ def runner_group_rotate_token(*, group: RunnerGroup) -> str:
     """Issue a new group token; every token issued before stops working at once."""
     RunnerGroup.objects.filter(id=group.id).update(token_version=F("token_version") + 1)
     group.refresh_from_db(fields=["token_version"])
-    return tokens.mint_group_token(group_id=group.id, token_version=group.token_version)
+    return tokens.mint_group_token(
+        group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
+    )
 
 
 def runner_group_set_drained(*, group: RunnerGroup, drained: bool) -> RunnerGroup:
