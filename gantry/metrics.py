@@ -22,11 +22,9 @@ the database for them.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
@@ -37,6 +35,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from gantry import redis as gantry_redis
 from gantry.dispatch import throttle
+from gantry.ticker import Ticker
 
 log = logging.getLogger("gantry.metrics")
 
@@ -306,7 +305,7 @@ def record_runs(runs: Iterable[tuple[int, Mapping[str, float], str | None]]) -> 
         buffered[0].update(counts)
         for field, total in sums.items():
             buffered[1][field] += total
-        _start_flusher()
+        _flusher.start()
 
 
 # Seconds a recorded run figure may wait in the process before it reaches Redis.
@@ -314,7 +313,6 @@ FLUSH_SECONDS = 1.0
 # Redis hash key -> (counts, sums) not written yet.
 _buffer: dict[str, tuple[Counter[str], defaultdict[str, float]]] = {}
 _buffer_lock = threading.Lock()
-_flusher: threading.Thread | None = None
 
 
 def flush_runs() -> None:
@@ -336,26 +334,7 @@ def flush_runs() -> None:
         log.warning("run metrics not recorded: %s", exc, extra={"event": "metrics.record_failed"})
 
 
-def _start_flusher() -> None:
-    # Called with _buffer_lock held. One daemon thread per process, started on
-    # the first figure (a fork's child starts its own: threads do not survive fork).
-    global _flusher
-    if _flusher is not None and _flusher.is_alive():
-        return
-    _flusher = threading.Thread(target=_flush_forever, name="gantry-metrics-flush", daemon=True)
-    _flusher.start()
-
-
-def _flush_forever() -> None:
-    while True:
-        time.sleep(FLUSH_SECONDS)
-        try:
-            flush_runs()
-        except Exception:  # never let the thread die: the next figures need it
-            log.exception("run metrics flush failed")
-
-
-atexit.register(flush_runs)
+_flusher = Ticker("gantry-metrics-flush", FLUSH_SECONDS, flush_runs)
 
 
 class RunCollector(Collector):

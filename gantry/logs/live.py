@@ -11,7 +11,6 @@ sees the header of one push with the data of another.
 
 from __future__ import annotations
 
-import atexit
 import base64
 import binascii
 import json
@@ -26,6 +25,7 @@ import redis
 from gantry import conf
 from gantry.logs.limits import CHUNK_GZIP_MAX
 from gantry.redis import client
+from gantry.ticker import Ticker
 
 log = logging.getLogger("gantry.logs")
 
@@ -165,7 +165,6 @@ def delete(run_id: uuid.UUID) -> None:
 DELETE_SOON_SECONDS = 1.0
 _doomed: list[uuid.UUID] = []
 _doomed_lock = threading.Lock()
-_sweeper: threading.Thread | None = None
 
 
 def delete_soon(run_id: uuid.UUID) -> None:
@@ -176,14 +175,9 @@ def delete_soon(run_id: uuid.UUID) -> None:
     it spares the hot call its only Redis round trip. Best-effort as
     :func:`delete`: a record the sweep misses expires by its TTL.
     """
-    global _sweeper
     with _doomed_lock:
         _doomed.append(run_id)
-        if _sweeper is None or not _sweeper.is_alive():
-            # One daemon thread per process, started on first use (a fork's
-            # child starts its own: threads do not survive fork).
-            _sweeper = threading.Thread(target=_sweep_forever, name="gantry-live-sweep", daemon=True)
-            _sweeper.start()
+    _sweep.start()
 
 
 def flush_deletes() -> None:
@@ -194,16 +188,7 @@ def flush_deletes() -> None:
     delete_many(run_ids)
 
 
-def _sweep_forever() -> None:
-    while True:
-        time.sleep(DELETE_SOON_SECONDS)
-        try:
-            flush_deletes()
-        except Exception:  # never let the thread die
-            log.exception("live log sweep failed")
-
-
-atexit.register(flush_deletes)
+_sweep = Ticker("gantry-live-sweep", DELETE_SOON_SECONDS, flush_deletes)
 
 
 def delete_many(run_ids: list[uuid.UUID], *extra_keys: str) -> None:
