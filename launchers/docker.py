@@ -378,7 +378,9 @@ class DockerLauncher(Launcher):
         """
         selector = [f"{LABEL_MANAGED}=true", f"{LABEL_GROUP}={self.group_id}"]
         try:
-            containers = self._client().containers.list(all=True, filters={"label": selector})
+            # ignore_removed: the SDK inspects each listed container; one removed in
+            # between (a runner's own exit and reap) is gone, not an engine failure.
+            containers = self._client().containers.list(all=True, filters={"label": selector}, ignore_removed=True)
         except Exception as exc:
             raise launch_error(exc, "list the group's containers") from exc
         alive: list[WorkerHandle] = []

@@ -86,7 +86,7 @@ def remove_containers(client: Any, group_ids: list[str]) -> None:
     """Every container of these groups, running or not: what a test leaves is never left for the next."""
     for group_id in group_ids:
         selector = [f"{LABEL_MANAGED}=true", f"{LABEL_GROUP}={group_id}"]
-        for container in client.containers.list(all=True, filters={"label": selector}):
+        for container in client.containers.list(all=True, filters={"label": selector}, ignore_removed=True):
             with contextlib.suppress(DockerException):
                 container.remove(force=True, v=True)
 
@@ -151,7 +151,8 @@ class DockerLab:
         selector = [f"{LABEL_MANAGED}=true", f"{LABEL_GROUP}={group_id or self.lab.group_id}"]
         if run_id is not None:
             selector.append(f"{LABEL_RUN}={run_id}")
-        return list(self.client.containers.list(all=True, filters={"label": selector}))
+        # A container removed between the SDK's list and its inspect of it is gone, not an error.
+        return list(self.client.containers.list(all=True, filters={"label": selector}, ignore_removed=True))
 
     def inspect(self, container_id: str) -> str:
         """``docker inspect``, the operator's own command, as its raw JSON text."""

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import docker
 import pytest
 from docker.errors import NotFound
 
@@ -149,6 +150,31 @@ def test_a_container_created_but_never_started_is_removed_by_discover(docker_cli
     assert docker_launcher.discover() == []
     with pytest.raises(NotFound):
         docker_client.containers.get(stale.id)
+
+
+def test_discover_passes_by_a_container_removed_while_it_lists(docker_client: Any, groups: list[str]) -> None:
+    docker_launcher = launcher(groups)
+    running = docker_launcher.launch(assignment(nowhere()))
+    labels = {LABEL_MANAGED: "true", LABEL_GROUP: docker_launcher.group_id, LABEL_RUN: "r", LABEL_RUNNER: "x"}
+    vanishing = docker_client.containers.create(RUNNER_IMAGE, labels=labels, network_mode="none")
+    # The engine lists both; the SDK then inspects each. Between the two, the second is
+    # removed for real (as a coordinator's reap of an exited runner removes it).
+    engine = docker.from_env()
+    inspect = engine.api.inspect_container
+
+    def removed_first(container: str) -> Any:
+        if container == vanishing.id:
+            docker_client.api.remove_container(container, force=True)
+        return inspect(container)
+
+    engine.api.inspect_container = removed_first
+    docker_launcher._client().close()
+    docker_launcher._docker = engine
+    try:
+        [found] = docker_launcher.discover()  # not a LaunchError: nothing is wrong with the engine
+    finally:
+        engine.close()
+    assert found.run_id == running.run_id
 
 
 def test_a_launch_whose_first_answer_was_lost_is_retried_cleanly(docker_client: Any, groups: list[str]) -> None:
