@@ -250,6 +250,61 @@ class Throttled(Exception):
         self.until = until
 
 
+# ---------------------------------------------------------------- taking the token ahead
+#
+# A won claim holds its group's row lock until it commits. Spending the token
+# after the statement (above) puts the throttle's Redis round trip, and the
+# thread's turns for the GIL around it, inside that lock: every other poll and
+# deregister of the group waits for them. So a process that has just seen an
+# org dispatch, with tokens to spare, spends the org's next token *before* the
+# claim statement, at the rate the claim last read; the lock then spans the
+# statement and its COMMIT alone. The claim's answer still decides:
+#
+# - a run won at the rate the token was taken at: dispatched, nothing more;
+# - a run won at another rate (it was changed since): the token is given back
+#   and the ordinary path runs, at the new rate, before commit, so a new rate
+#   still applies to the very next claim (rate 0 included);
+# - no run, or any error or refusal before commit: the token is given back.
+#
+# Only while the org's bucket held at least AHEAD_MARGIN tokens after this
+# process's last take: a token in flight for a claim that finds nothing is
+# invisible to other claims for those milliseconds, and near an empty bucket
+# that could refuse one of them (and stamp the org throttled) for nothing.
+# And only after this process's last claim of the org won a run, so idle
+# polls (empty, most of them) never take and refund. docs/design.md.
+
+AHEAD_MARGIN = 8.0
+
+# org id -> (the rate its last won claim read, tokens left after that claim's take).
+_ahead: dict[int, tuple[int, float]] = {}
+
+
+def forget_taken_ahead() -> None:
+    """Drop what this process remembers of orgs' buckets (tests that reset buckets call this)."""
+    _ahead.clear()
+
+
+def _remember(organization_id: int, rate: int, tokens_left: float | None) -> None:
+    if tokens_left is None:
+        _ahead.pop(organization_id, None)
+    else:
+        _ahead[organization_id] = (rate, tokens_left)
+
+
+def _take_ahead(organization_id: int) -> int | None:
+    """Spend the org's next token now, when that is safe; the rate it was taken at, or None (none taken)."""
+    known = _ahead.get(organization_id)
+    if known is None or known[1] < AHEAD_MARGIN:
+        return None
+    rate = known[0]
+    bucket = throttle.take_ahead(organization_id=organization_id, rate=rate)
+    if bucket is None:
+        _ahead.pop(organization_id, None)
+        return None
+    _remember(organization_id, rate, bucket.tokens)
+    return rate
+
+
 def _consume_dispatch_token(*, organization_id: int, now: datetime, runs_per_hour_limit: int) -> throttle.Outcome:
     """The throttle seam: spend one token of the org's runs/hour budget or raise Throttled.
 
@@ -260,6 +315,7 @@ def _consume_dispatch_token(*, organization_id: int, now: datetime, runs_per_hou
     failed_open when Redis could not answer and the run goes out anyway).
     """
     decision = throttle.consume(organization_id=organization_id, rate=runs_per_hour_limit)
+    _remember(organization_id, runs_per_hour_limit, decision.tokens)
     if decision.outcome == throttle.LIMITED:
         raise Throttled(
             organization_id=organization_id,
@@ -341,18 +397,39 @@ def _claim_own_transaction(
     now: datetime,
     vouch: Vouch | None = None,
 ) -> tuple[tuple[Any, ...] | None, throttle.Outcome | None]:
-    """BEGIN + EXECUTE in one message, the throttle, then COMMIT (or ROLLBACK): two database round trips."""
-    with psycopg.ClientCursor(conn) as cur:
-        try:
-            row = _fetch_claim(cur, begin=True, args=args, vouch=vouch)
-            outcome = None
-            if row is not None:
-                outcome = _consume_dispatch_token(organization_id=organization_id, now=now, runs_per_hour_limit=row[1])
-        except BaseException:
-            # Throttled included: the run is pending again and the stub never existed.
-            _rollback_quietly(conn)
-            raise
-    conn.commit()  # also for an empty poll: its last_polled_at stamp
+    """BEGIN + EXECUTE in one message, the throttle, then COMMIT (or ROLLBACK): two database round trips.
+
+    With a token taken ahead (see "taking the token ahead"), the throttle is
+    already behind it and no Redis call waits between the statement and COMMIT.
+    """
+    ahead = _take_ahead(organization_id)
+    try:
+        with psycopg.ClientCursor(conn) as cur:
+            try:
+                row = _fetch_claim(cur, begin=True, args=args, vouch=vouch)
+                outcome: throttle.Outcome | None = None
+                if row is not None and ahead is not None and row[1] == ahead:
+                    outcome = throttle.DISPATCHED
+                elif row is not None:
+                    if ahead is not None:  # the rate changed since: give it back, spend at the new one
+                        throttle.refund(organization_id=organization_id, rate=ahead)
+                        ahead = None
+                    outcome = _consume_dispatch_token(
+                        organization_id=organization_id, now=now, runs_per_hour_limit=row[1]
+                    )
+            except BaseException:
+                # Throttled included: the run is pending again and the stub never existed.
+                _rollback_quietly(conn)
+                raise
+        conn.commit()  # also for an empty poll: its last_polled_at stamp
+    except BaseException:
+        if ahead is not None:
+            throttle.refund(organization_id=organization_id, rate=ahead)
+        raise
+    if row is None:
+        if ahead is not None:
+            throttle.refund(organization_id=organization_id, rate=ahead)
+        _ahead.pop(organization_id, None)  # an empty poll: the next one claims the ordinary way
     return row, outcome
 
 

@@ -85,7 +85,9 @@ for _outcome in (DISPATCHED, LIMITED, FAILED_OPEN):
     DISPATCH_TOTAL.labels(outcome=_outcome)  # export zeros, so rate() works from the first scrape
 
 # KEYS[1]: the bucket. ARGV[1]: rate (tokens per hour), ARGV[2]: burst,
-# ARGV[3]: '1' to take a token, '0' to peek (no write of any kind).
+# ARGV[3]: '1' to take a token, '0' to peek (no write of any kind), '2' to
+# give one back (a token taken ahead of a claim that found no run; never
+# above the burst).
 # Answers {allowed, tokens (string: Lua numbers reach the client truncated to
 # integers), ms until the next whole token (0: one is there; -1: never)}.
 # Times are milliseconds with a fractional part (TIME gives microseconds).
@@ -94,6 +96,7 @@ _BUCKET_LUA = """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local take = ARGV[3] == '1'
+local give = ARGV[3] == '2'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local tokens = burst
@@ -106,7 +109,12 @@ if state[1] and state[2] then
   tokens = math.min(burst, tonumber(state[1]) + elapsed * rate / 3600000)
 end
 local allowed = 0
-if tokens >= 1 then
+if give then
+  tokens = math.min(burst, tokens + 1)
+  redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.17g', now))
+  redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((burst - tokens) * 3600000 / rate)))
+  allowed = 1
+elseif tokens >= 1 then
   allowed = 1
   if take then
     tokens = tokens - 1
@@ -155,13 +163,16 @@ def key_for(organization_id: int) -> str:
     return f"{KEY_PREFIX}{organization_id}"
 
 
-def _eval(*, organization_id: int, rate: int, take: bool) -> Bucket:
+_PEEK, _TAKE, _GIVE = 0, 1, 2
+
+
+def _eval(*, organization_id: int, rate: int, op: int) -> Bucket:
     """One call of the script; raises on any Redis error (callers decide the policy)."""
     if rate <= 0:
         # Rate 0: burst 0, no refill; nothing to ask Redis.
         return Bucket(allowed=False, tokens=0.0, ms_to_next_token=None)
     client = gantry_redis.client()
-    answer = _script(client)(keys=[key_for(organization_id)], args=[rate, burst_for(rate), 1 if take else 0])
+    answer = _script(client)(keys=[key_for(organization_id)], args=[rate, burst_for(rate), op])
     allowed, tokens, wait = answer
     return Bucket(
         allowed=bool(int(allowed)),
@@ -172,12 +183,17 @@ def _eval(*, organization_id: int, rate: int, take: bool) -> Bucket:
 
 def take(*, organization_id: int, rate: int) -> Bucket:
     """Spend one token if there is one. Raises on a Redis error."""
-    return _eval(organization_id=organization_id, rate=rate, take=True)
+    return _eval(organization_id=organization_id, rate=rate, op=_TAKE)
 
 
 def peek(*, organization_id: int, rate: int) -> Bucket:
     """The bucket as it stands; writes nothing. Raises on a Redis error."""
-    return _eval(organization_id=organization_id, rate=rate, take=False)
+    return _eval(organization_id=organization_id, rate=rate, op=_PEEK)
+
+
+def give_back(*, organization_id: int, rate: int) -> Bucket:
+    """Return one token (up to the burst). Raises on a Redis error."""
+    return _eval(organization_id=organization_id, rate=rate, op=_GIVE)
 
 
 # ---------------------------------------------------------------- the claim's policy
@@ -196,6 +212,8 @@ class Decision:
     outcome: Outcome
     # Set when limited: when the next token is due (None: never, rate 0).
     ms_to_next_token: int | None = None
+    # Tokens left after a spent one, when Redis said (the claim's take-ahead judges by it).
+    tokens: float | None = None
 
 
 def consume(*, organization_id: int, rate: int) -> Decision:
@@ -223,8 +241,51 @@ def consume(*, organization_id: int, rate: int) -> Decision:
         # keep asking (no breaker), but never hold the run back for it.
         return _fail_open(organization_id, exc)
     if bucket.allowed:
-        return Decision(DISPATCHED)
+        return Decision(DISPATCHED, tokens=bucket.tokens)
     return Decision(LIMITED, ms_to_next_token=bucket.ms_to_next_token)
+
+
+def take_ahead(*, organization_id: int, rate: int) -> Bucket | None:
+    """A token spent before the claim statement runs (docs/design.md, "Taking the token ahead"), or None.
+
+    None: no token was spent. The limiter is off, the rate is 0, the bucket is
+    empty, the breaker is open or Redis failed; the caller then claims the
+    ordinary way, whose :func:`consume` applies the policy (and counts a fail
+    open only for a claim that won a run). A connection error opens the
+    breaker here too, so that claim does not wait for Redis a second time.
+    """
+    global _breaker
+    if not conf.get().rate_limit_enabled or rate <= 0:
+        return None
+    try:
+        client = gantry_redis.client()
+    except ValueError:  # a malformed REDIS_URL: consume() reports it
+        return None
+    if _breaker_open(client):
+        return None
+    try:
+        bucket = take(organization_id=organization_id, rate=rate)
+    except (redis.ConnectionError, redis.TimeoutError):
+        _breaker = (client, time.monotonic() + BREAKER_SECONDS)
+        return None
+    except (redis.RedisError, OSError, ValueError, TypeError):
+        return None
+    return bucket if bucket.allowed else None
+
+
+def refund(*, organization_id: int, rate: int) -> None:
+    """Give back a token taken ahead of a claim that dispatched nothing; best effort, never raises.
+
+    A refund that cannot reach Redis loses that token, as a claim whose
+    commit fails after its take always has (the bucket refills).
+    """
+    try:
+        give_back(organization_id=organization_id, rate=rate)
+    except (redis.RedisError, OSError, ValueError, TypeError) as exc:
+        log.warning(
+            "a token taken ahead of a claim could not be given back",
+            extra={"event": "throttle.refund_failed", "organization_id": organization_id, "error": repr(exc)},
+        )
 
 
 def _fail_open(organization_id: int, exc: BaseException) -> Decision:
