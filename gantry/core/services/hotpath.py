@@ -80,7 +80,13 @@ def ready(*, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, 
     params = {
         k: metadata.get(k) for k in ("hostname", "launcher", "pid", "container_id", "pod_name", "workflow_run_id")
     }
-    return prepared.fetchone(READY, {**params, "now": now, "runner": runner_id, "grp": group_id}) is not None
+    args = {**params, "now": now, "runner": runner_id, "grp": group_id}
+    # No wait for the WAL flush (as /status): ready only records that the
+    # runner is up; accept does not depend on it, and accept's durable commit
+    # flushes it along. A database crash inside the flush window loses the
+    # stamp, not a run (docs/decisions.md, 13).
+    ((rows),) = prepared.run_script([(READY, args)], synchronous_commit=False)
+    return bool(rows)
 
 
 # ---------------------------------------------------------------- status
@@ -148,7 +154,13 @@ def deregister_statement(holds_run_sql: str) -> prepared.Statement:
 
 def deregister(*, statement: prepared.Statement, runner_id: uuid.UUID, group_id: int | None, now: datetime) -> bool:
     """True when the runner row (of ``group_id``, when given) was deleted."""
-    return prepared.fetchone(statement, {"runner": runner_id, "now": now, "grp": group_id}) is not None
+    args = {"runner": runner_id, "now": now, "grp": group_id}
+    # No wait for the WAL flush: a deregister lost in a database crash inside
+    # the flush window leaves a runner row whose run is over, which the
+    # silent-runner sweep deletes (its slot held until then); the next durable
+    # commit flushes it anyway (docs/decisions.md, 13).
+    ((rows),) = prepared.run_script([(statement, args)], synchronous_commit=False)
+    return bool(rows)
 
 
 # ---------------------------------------------------------------- accept
