@@ -42,6 +42,15 @@ def _org(slug: str, rate: int) -> Organization:
     return org
 
 
+def _busy_org(slug: str, runs: int) -> tuple[Organization, RunnerGroup]:
+    """An org at 36/h (burst 864: tokens to spare) with ``runs`` pending, one of them claimed already."""
+    org = _org(slug, 36)
+    backlog(org, runs)
+    group = wide_group(org)
+    assert claim(group=group) is not None
+    return org, group
+
+
 def _dsn() -> str:
     settings = connection.settings_dict
     return f"host={settings['HOST']} port={settings['PORT']} dbname={settings['NAME']} user={settings['USER']}"
@@ -117,10 +126,7 @@ def test_a_busy_org_spends_its_next_token_before_the_claim_statement() -> None:
 
 
 def test_a_token_taken_ahead_is_given_back_when_the_claim_finds_no_run() -> None:
-    org = _org("ahead-empty", 36)
-    backlog(org, 1)
-    group = wide_group(org)
-    assert claim(group=group) is not None
+    org, group = _busy_org("ahead-empty", 1)
     after_won = tokens_of(org)
     dispatched = dispatches(throttle.DISPATCHED)
 
@@ -138,10 +144,7 @@ def test_a_token_taken_ahead_is_given_back_when_the_claim_finds_no_run() -> None
 
 
 def test_a_rate_changed_since_the_token_was_taken_ahead_decides_the_claim() -> None:
-    org = _org("ahead-rate", 36)
-    backlog(org, 2)
-    group = wide_group(org)
-    assert claim(group=group) is not None
+    org, group = _busy_org("ahead-rate", 2)
     after_won = tokens_of(org)
     limited = dispatches(throttle.LIMITED)
 
@@ -157,10 +160,7 @@ def test_a_rate_changed_since_the_token_was_taken_ahead_decides_the_claim() -> N
 
 
 def test_a_raised_rate_is_what_the_claim_that_took_ahead_spends_at() -> None:
-    org = _org("ahead-raise", 36)
-    backlog(org, 2)
-    group = wide_group(org)
-    assert claim(group=group) is not None
+    org, group = _busy_org("ahead-raise", 2)
     services.org_set_runs_per_hour_limit(org=org, limit=72)
     org.refresh_from_db()
     before = tokens_of(org)
@@ -187,10 +187,7 @@ def test_near_an_empty_bucket_no_token_is_taken_ahead() -> None:
 
 
 def test_a_claim_that_fails_after_taking_ahead_gives_the_token_back() -> None:
-    org = _org("ahead-fail", 36)
-    backlog(org, 2)
-    group = wide_group(org)
-    assert claim(group=group) is not None
+    org, group = _busy_org("ahead-fail", 2)
     before = tokens_of(org)
 
     # The claim statement fails (a statement timeout while it waits for the held group row).
