@@ -428,7 +428,14 @@ def _poll(call: Call) -> Answer | None:
         # whether the claim stands (a revoked token, a gone group, another
         # org, a github_actions group: rolled back, and Django answers).
         group, (statement, args) = checked
-        vouch = dispatch.Vouch(statement, args, check=lambda row: _self_hosted(group_of_row(claims, row)))
+        version = claims.raw.get("ver")
+        vouch = dispatch.Vouch(
+            statement,
+            args,
+            check=lambda row: _self_hosted(group_of_row(claims, row)),
+            # What group_of_row and _self_hosted judge, for the claim statement to judge too (claim.Vouch).
+            token_version=version if type(version) is int and 0 <= version < 2**63 else None,
+        )
     try:
         result = deferred.attempt(
             group=group, wait=wait, claim=lambda: dispatch.claim(group=group, raise_throttled=True, vouch=vouch)

@@ -13,7 +13,9 @@ statement is prepared once per session; BEGIN travels in one message with its
 EXECUTE; then the throttle's one Redis call; then COMMIT, which does not wait
 for the WAL flush (the claim is tentative; see _BEGIN_AND_EXECUTE_SQL). Two database round
 trips and one Redis round trip for a won claim, two database round trips for
-an empty poll. Called inside someone else's transaction (a test, a batch), the
+an empty poll. A busy org's claim takes its token first and sends COMMIT in
+the statement's own message: one Redis and one database round trip ("taking
+the token ahead" below). Called inside someone else's transaction (a test, a batch), the
 claim takes a savepoint instead and leaves the commit to the caller.
 
 Why it stays flat at any backlog (docs/performance.md): the statement never
@@ -89,15 +91,29 @@ _CLAIM_SQL = f"""
 WITH grp AS (
     -- Locks the group row; a poll that waited for another poll of this group
     -- reads the row version that poll wrote, its stub counted.
-    SELECT id, labels, runner_count, max_concurrent_runs, drained FROM runner_group
+    SELECT id, labels, runner_count, max_concurrent_runs, drained, token_version, organization_id, kind
+    FROM runner_group
     WHERE id = %(group_id)s::bigint
     FOR NO KEY UPDATE
+),
+held AS (
+    -- The caller's group check (Vouch), judged again on the locked row when
+    -- the claim commits in its own message: the token's version, its org, a
+    -- self-hosted group. A NULL version: the caller judges it before commit.
+    SELECT grp.id FROM grp
+    WHERE %(version)s::bigint IS NULL
+       OR (grp.token_version = %(version)s::bigint AND grp.organization_id = %(org_id)s::bigint
+           AND grp.kind <> 'github_actions')
 ),
 eligible AS (
     -- runner_count comes from the locked, latest row version (a poll that
     -- waited for another poll of this group sees that poll's stub counted).
-    SELECT grp.id, grp.labels FROM grp
+    SELECT grp.id, grp.labels FROM grp JOIN held ON TRUE
     WHERE NOT grp.drained AND grp.runner_count < grp.max_concurrent_runs
+      -- A token taken ahead at this rate: a rate changed since claims nothing
+      -- here (the caller claims again the ordinary way). NULL: not checked.
+      AND (%(rate)s::integer IS NULL OR EXISTS (
+          SELECT 1 FROM organization o WHERE o.id = %(org_id)s::bigint AND o.runs_per_hour_limit = %(rate)s::integer))
 ),
 sel AS (
     SELECT s.id FROM run_selector s
@@ -154,8 +170,9 @@ event AS (
 stamp AS (
     -- One write of the group row per poll, won or empty: the poll's stamp and
     -- its stub (if any) in the slot count. The row is locked by grp above.
+    -- Not for a refused group check: a refused call writes nothing.
     UPDATE runner_group SET last_polled_at = %(now)s, runner_count = runner_count + (SELECT count(*) FROM stub)
-    WHERE id = %(group_id)s::bigint
+    WHERE id = %(group_id)s::bigint AND EXISTS (SELECT 1 FROM held)
 )
 -- The rate comes back with the run: the throttle needs it, and reading it here
 -- costs no round trip.
@@ -175,6 +192,8 @@ _PARAMETERS = (
     ("org_id", "bigint"),
     ("runner_id", "uuid"),
     ("expires", "timestamptz"),
+    ("version", "bigint"),
+    ("rate", "integer"),
 )
 
 
@@ -196,6 +215,11 @@ _EXECUTE_SQL = f"EXECUTE {STATEMENT_NAME} ({', '.join('%s' for _ in _PARAMETERS)
 # it; its runner is then refused at ready/accept (its row is gone) and the run
 # is pending again. SET LOCAL ends with the transaction.
 _BEGIN_AND_EXECUTE_SQL = f"BEGIN; SET LOCAL synchronous_commit = off; {_EXECUTE_SQL}"
+# A claim whose token was taken ahead (and whose group check, if any, the
+# statement judges itself): nothing is left to decide in Python, so COMMIT
+# travels in the same message and the group row is locked for the statement
+# and its commit alone.
+_BEGIN_EXECUTE_COMMIT_SQL = f"{_BEGIN_AND_EXECUTE_SQL}; COMMIT"
 
 # The sessions the statement is prepared on (psycopg connections, pooled and
 # reused; a closed one drops out by itself).
@@ -226,6 +250,11 @@ class Vouch:
     statement: prepared.Statement
     args: dict[str, Any]
     check: Callable[[tuple[Any, ...] | None], None]
+    # The token's version. With it the claim statement judges what ``check``
+    # does (the version, the org, a self-hosted group) on the group row it
+    # locks, so a claim whose token was taken ahead can commit in its own
+    # message; ``check`` then only names the refusal. None: ``check`` alone.
+    token_version: int | None = None
 
     def sql(self) -> str:
         return self.statement.execute_sql
@@ -260,11 +289,14 @@ class Throttled(Exception):
 # claim statement, at the rate the claim last read; the lock then spans the
 # statement and its COMMIT alone. The claim's answer still decides:
 #
-# - a run won at the rate the token was taken at: dispatched, nothing more;
-# - a run won at another rate (it was changed since): the token is given back
-#   and the ordinary path runs, at the new rate, before commit, so a new rate
-#   still applies to the very next claim (rate 0 included);
-# - no run, or any error or refusal before commit: the token is given back.
+# - a run won: dispatched. The statement itself checks that the org's rate is
+#   still the one the token was taken at, and, for a Vouch, judges the group
+#   check on the row it locks (its ``held`` step), so nothing is left to decide
+#   between it and COMMIT, which travels in the same message;
+# - nothing claimed (no run, a rate changed since, a refused group check) or
+#   any error: the token is given back, and the ordinary claim runs once more:
+#   it spends at the new rate (rate 0 included), names a refusal, or answers
+#   empty. So a new rate still applies to the very next claim.
 #
 # Only while the org's bucket held at least AHEAD_MARGIN tokens after this
 # process's last take: a token in flight for a claim that finds nothing is
@@ -399,38 +431,63 @@ def _claim_own_transaction(
 ) -> tuple[tuple[Any, ...] | None, throttle.Outcome | None]:
     """BEGIN + EXECUTE in one message, the throttle, then COMMIT (or ROLLBACK): two database round trips.
 
-    With a token taken ahead (see "taking the token ahead"), the throttle is
-    already behind it and no Redis call waits between the statement and COMMIT.
+    A busy org's claim takes its token ahead instead and sends COMMIT in the
+    same message (:func:`_claim_taken_ahead`): one round trip.
     """
-    ahead = _take_ahead(organization_id)
+    if vouch is None or vouch.token_version is not None:
+        ahead = _take_ahead(organization_id)
+        if ahead is not None:
+            row = _claim_taken_ahead(conn, args, organization_id=organization_id, rate=ahead, vouch=vouch)
+            if row is not None:
+                return row, throttle.DISPATCHED
+            # Nothing claimed (no run, or the rate changed since): the token is
+            # back; the ordinary claim below tells which, and names a refusal.
+    with psycopg.ClientCursor(conn) as cur:
+        try:
+            row = _fetch_claim(cur, begin=True, args=args, vouch=vouch)
+            outcome = None
+            if row is not None:
+                outcome = _consume_dispatch_token(organization_id=organization_id, now=now, runs_per_hour_limit=row[1])
+        except BaseException:
+            # Throttled included: the run is pending again and the stub never existed.
+            _rollback_quietly(conn)
+            raise
+    conn.commit()  # also for an empty poll: its last_polled_at stamp
+    return row, outcome
+
+
+def _claim_taken_ahead(
+    conn: psycopg.Connection[Any], args: tuple[Any, ...], *, organization_id: int, rate: int, vouch: Vouch | None
+) -> tuple[Any, ...] | None:
+    """The claim of a token taken ahead at ``rate``, committed in its own message; the won row, or None.
+
+    The statement judges the rate and the vouch's group check itself (its
+    ``held`` and ``eligible`` steps), so nothing is decided between it and
+    COMMIT. None: nothing was claimed or written but the poll's stamp (none
+    for a refused group check), and the token was given back.
+    """
+    claim_args = (*args[:5], vouch.token_version if vouch is not None else None, rate)
+    text, params = _BEGIN_EXECUTE_COMMIT_SQL, list(claim_args)
+    if vouch is not None:
+        text, params = f"{vouch.sql()}; {text}", [*vouch.params(), *params]
+    row = None
     try:
         with psycopg.ClientCursor(conn) as cur:
             try:
-                row = _fetch_claim(cur, begin=True, args=args, vouch=vouch)
-                outcome: throttle.Outcome | None = None
-                if row is not None and ahead is not None and row[1] == ahead:
-                    outcome = throttle.DISPATCHED
-                elif row is not None:
-                    if ahead is not None:  # the rate changed since: give it back, spend at the new one
-                        throttle.refund(organization_id=organization_id, rate=ahead)
-                        ahead = None
-                    outcome = _consume_dispatch_token(
-                        organization_id=organization_id, now=now, runs_per_hour_limit=row[1]
-                    )
+                cur.execute(text, params)
+                if vouch is not None:
+                    cur.nextset()  # past the vouch's read (the ordinary claim reads it again if it matters)
+                cur.nextset()  # past BEGIN's empty result,
+                cur.nextset()  # and SET's, to the claim's
+                row = cur.fetchone()
             except BaseException:
-                # Throttled included: the run is pending again and the stub never existed.
-                _rollback_quietly(conn)
+                _rollback_quietly(conn)  # an error inside the message leaves its transaction aborted
                 raise
-        conn.commit()  # also for an empty poll: its last_polled_at stamp
-    except BaseException:
-        if ahead is not None:
-            throttle.refund(organization_id=organization_id, rate=ahead)
-        raise
-    if row is None:
-        if ahead is not None:
-            throttle.refund(organization_id=organization_id, rate=ahead)
-        _ahead.pop(organization_id, None)  # an empty poll: the next one claims the ordinary way
-    return row, outcome
+    finally:
+        if row is None:
+            throttle.refund(organization_id=organization_id, rate=rate)
+            _ahead.pop(organization_id, None)
+    return row
 
 
 def _claim_in_callers_transaction(
@@ -463,7 +520,7 @@ def claim(
     now = now or timezone.now()
     runner_id = uuid.uuid4()
     expires = now + timedelta(seconds=conf.get().assignment_ttl)
-    args = (now, group.id, group.organization_id, runner_id, expires)
+    args = (now, group.id, group.organization_id, runner_id, expires, None, None)
     db = connections[DEFAULT_DB_ALIAS]  # once: each access through django.db.connection is a lookup
     db.ensure_connection()
     conn = db.connection

@@ -560,7 +560,8 @@ class Variant:
         def run(group: RunnerGroup) -> uuid.UUID | None:
             now = timezone.now()
             runner_id = uuid.uuid4()
-            args = (now, group.id, group.organization_id, runner_id, now + timedelta(seconds=conf.get().assignment_ttl))
+            expires = now + timedelta(seconds=conf.get().assignment_ttl)
+            args = (now, group.id, group.organization_id, runner_id, expires, None, None)
             connection.ensure_connection()
             conn = connection.connection
             _ensure_prepared(conn)

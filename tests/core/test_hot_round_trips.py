@@ -19,7 +19,7 @@ from gantry.api.auth import BearerJWTAuthentication
 from gantry.core import services, tokens
 from gantry.core.models import Organization, Run, RunnerGroup, RunStatus
 from gantry.core.services import hotpath
-from gantry.dispatch.claim import claim
+from gantry.dispatch.claim import claim, forget_taken_ahead
 from tests.dispatch.helpers import deploy, make_group, make_stack
 from tests.dispatch.test_claim_transaction import in_transaction, wire
 
@@ -104,7 +104,7 @@ def test_a_poll_whose_token_names_its_org_reads_the_group_in_the_claims_message(
     token = tokens.mint_group_token(
         group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
     )
-    for name in ("warm", "b"):
+    for name in ("warm", "b", "c"):
         deploy(make_stack(acme, name, {"os": "linux"}))
 
     def poll() -> fastlane.Answer | None:
@@ -114,12 +114,24 @@ def test_a_poll_whose_token_names_its_org_reads_the_group_in_the_claims_message(
     warm = poll()  # prepares the statements on this session
     assert warm is not None
     assert warm[0] == 200
+    # The ordinary claim (this process remembers nothing of the org's bucket):
+    # the group's read, BEGIN and the claim in one message; the throttle; then COMMIT.
+    forget_taken_ahead()
     with wire() as sent:
         answer = poll()
     assert answer is not None
     assert answer[0] == 200
-    # The group's read, BEGIN and the claim in one message; the throttle; then COMMIT.
     assert _round_trips(sent) == 2, sent
     assert re.match(r'"EXECUTE gantry_auth_group_\w+ \(\d+\); BEGIN; SET LOCAL', sent[0][1]), sent
     assert sent[1][1] == '"COMMIT"', sent
+    assert not in_transaction()
+    # It won with tokens to spare, so the next one took its token ahead and
+    # commits in the same message: one round trip.
+    with wire() as sent:
+        answer = poll()
+    assert answer is not None
+    assert answer[0] == 200
+    assert _round_trips(sent) == 1, sent
+    assert re.match(r'"EXECUTE gantry_auth_group_\w+ \(\d+\); BEGIN; SET LOCAL', sent[0][1]), sent
+    assert sent[0][1].endswith('; COMMIT"'), sent
     assert not in_transaction()

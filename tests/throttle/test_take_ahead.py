@@ -204,3 +204,37 @@ def test_a_claim_that_fails_after_taking_ahead_gives_the_token_back() -> None:
     left = tokens_of(org)
     assert before - 0.01 < left < before + 0.1
     assert Run.objects.filter(organization=org, status=RunStatus.PENDING).count() == 1
+
+
+@pytest.mark.parametrize("verdict", ["stands", "revoked"])
+def test_a_vouched_claim_that_took_ahead_is_judged_by_the_statement_itself(verdict: str) -> None:
+    from rest_framework.exceptions import AuthenticationFailed
+
+    from gantry.api.auth import group_check, group_of_row
+    from gantry.core import tokens
+    from gantry.dispatch.claim import Vouch
+
+    org, group = _busy_org(f"ahead-vouch-{verdict}", 2)
+    group.refresh_from_db()
+    stamped = group.last_polled_at
+    version = group.token_version + (verdict == "revoked")
+    claims = tokens.decode(tokens.mint_group_token(group_id=group.id, token_version=version, organization_id=org.id))
+    checked = group_check(claims)
+    assert checked is not None
+    stand_in, (statement, args) = checked
+    vouch = Vouch(statement, args, check=lambda row: group_of_row(claims, row) and None, token_version=version)
+    before = tokens_of(org)
+
+    if verdict == "stands":
+        won = claim(group=stand_in, vouch=vouch)
+        assert won is not None
+        assert 0.99 < before - tokens_of(org) < 1.01
+        return
+    with pytest.raises(AuthenticationFailed):
+        claim(group=stand_in, vouch=vouch)
+    # Refused on the locked row: nothing claimed, no stamp, the token back.
+    assert Run.objects.filter(organization=org, status=RunStatus.PENDING, assigned_runner_id=None).count() == 1
+    assert Runner.objects.filter(runner_group=group).count() == 1
+    group.refresh_from_db()
+    assert group.last_polled_at == stamped
+    assert before - 0.01 < tokens_of(org) < before + 0.1
