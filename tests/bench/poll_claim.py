@@ -633,7 +633,7 @@ def explain_claim(case: Case) -> list[str]:
     _ensure_prepared(connection.connection)
     for _ in range(7):  # the last one is shown
         now = timezone.now()
-        args = (now, case.group.id, case.group.organization_id, uuid.uuid4(), now + timedelta(minutes=5))
+        args = (now, case.group.id, case.group.organization_id, uuid.uuid4(), now + timedelta(minutes=5), None, None)
         with transaction.atomic(), psycopg.ClientCursor(connection.connection) as cur:
             lines = [row[0] for row in cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + _EXECUTE_SQL, args).fetchall()]
             transaction.set_rollback(True)
