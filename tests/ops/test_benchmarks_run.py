@@ -1,0 +1,86 @@
+"""The benchmarks that reach into Gantry's internals still run to their report (at toy sizes).
+
+The benchmarks are not timed here (their figures live in docs/performance.md);
+this only proves that ``poll_claim`` and ``lifecycle``, which call the claim's
+prepared statement and the production server directly, still run after a
+change to either, as the claim's two new parameters once broke one unseen.
+Each runs as a process against a database of its own (created by the bench,
+dropped here) and a Redis database of its own (flushed here), so neither
+touches the test database nor the tests' buckets.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from django.conf import settings
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.e2e
+
+
+def _bench_redis_db() -> int:
+    current = int(settings.REDIS_URL.rsplit("/", 1)[-1] or 0)
+    return (current + 4) % 16  # the tests' database is 8 above a server's; this is neither
+
+
+@pytest.fixture
+def bench_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    name = f"gantry_smoke_{request.node.name.removeprefix('test_')[:40]}"
+    params = conninfo_to_dict(make_conninfo(settings.DATABASE_URL))
+    host, port, user = params.get("host", "127.0.0.1"), params.get("port", "5432"), params.get("user", "postgres")
+    if str(host).startswith("/"):
+        url = f"postgres://{user}@/{name}?host={host}&port={port}"
+    else:
+        url = f"postgres://{user}@{host}:{port}/{name}"
+    db = _bench_redis_db()
+    env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL, "GANTRY_REDIS_DB": str(db)}
+    try:
+        yield env
+    finally:
+        with psycopg.connect(make_conninfo(settings.DATABASE_URL, dbname="postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        client = redis.Redis.from_url(settings.REDIS_URL, db=db)
+        client.flushdb()
+        client.close()
+
+
+def _run(module: str, args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_poll_claim_runs_to_its_targets(bench_env: dict[str, str]) -> None:
+    out = _run(
+        "tests.bench.poll_claim",
+        ["--sizes", "100", "--shapes", "adversarial", "--pollers", "1", "--seconds", "0.5", "--no-variants"],
+        bench_env,
+    )
+    assert "targets: claim" in out, out[-2000:]
+    assert "false empties at 1 poller while matching work exists: 0 PASS" in out, out[-2000:]
+    assert "EXPLAIN (ANALYZE, BUFFERS)" in out, out[-2000:]
+
+
+def test_lifecycle_runs_every_call_of_a_run(bench_env: dict[str, str]) -> None:
+    out = _run(
+        "tests.bench.lifecycle", ["--ks", "1", "--seconds", "0.5", "--repeat", "1", "--runs", "1000"], bench_env
+    )
+    assert "errors 0" in out, out[-2000:]
+    assert "targets at K=1" in out or "| 1 |" in out, out[-2000:]
+    # Every call of the lifecycle was made and timed (a run that never got past the poll shows nan).
+    calls = [line for line in out.splitlines() if line.startswith("| 1 | ") and "/" in line]
+    assert calls, out[-2000:]
+    assert "nan" not in calls[-1], calls[-1]
