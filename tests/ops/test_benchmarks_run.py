@@ -75,9 +75,7 @@ def test_poll_claim_runs_to_its_targets(bench_env: dict[str, str]) -> None:
 
 
 def test_lifecycle_runs_every_call_of_a_run(bench_env: dict[str, str]) -> None:
-    out = _run(
-        "tests.bench.lifecycle", ["--ks", "1", "--seconds", "0.5", "--repeat", "1", "--runs", "1000"], bench_env
-    )
+    out = _run("tests.bench.lifecycle", ["--ks", "1", "--seconds", "0.5", "--repeat", "1", "--runs", "1000"], bench_env)
     assert "errors 0" in out, out[-2000:]
     assert "targets at K=1" in out or "| 1 |" in out, out[-2000:]
     # Every call of the lifecycle was made and timed (a run that never got past the poll shows nan).
