@@ -303,7 +303,8 @@ class Throttled(Exception):
 # invisible to other claims for those milliseconds, and near an empty bucket
 # that could refuse one of them (and stamp the org throttled) for nothing.
 # And only after this process's last claim of the org won a run, so idle
-# polls (empty, most of them) never take and refund. docs/design.md.
+# polls (empty, most of them) never take and refund. docs/throttle.md,
+# "Taking the token ahead".
 
 AHEAD_MARGIN = 8.0
 
