@@ -118,18 +118,9 @@ class Statement:
         self._prepared_on.pop(conn, None)
 
 
-def fetchone(
-    statement: Statement, args: Mapping[str, Any], *, synchronous_commit: bool = True
-) -> tuple[Any, ...] | None:
-    """EXECUTE one statement (one round trip; in autocommit it is its own transaction); its first row, or None.
-
-    ``synchronous_commit=False``: in autocommit, its commit does not wait for
-    the WAL flush (``BEGIN; SET LOCAL ...; EXECUTE; COMMIT``, still one message).
-    """
-    if synchronous_commit:
-        rows = run_script([(statement, dict(args))], transaction=False)[0]
-    else:
-        rows = run_script([(statement, dict(args))], synchronous_commit=False)[0]
+def fetchone(statement: Statement, args: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """EXECUTE one statement (one round trip; in autocommit it is its own transaction); its first row, or None."""
+    rows = run_script([(statement, dict(args))], transaction=False)[0]
     return rows[0] if rows else None
 
 

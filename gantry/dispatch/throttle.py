@@ -246,7 +246,7 @@ def consume(*, organization_id: int, rate: int) -> Decision:
 
 
 def take_ahead(*, organization_id: int, rate: int) -> Bucket | None:
-    """A token spent before the claim statement runs (docs/throttle.md, "Taking the token ahead"), or None.
+    """A token spent before the claim statement runs (docs/design.md, "Taking the token ahead"), or None.
 
     None: no token was spent. The limiter is off, the rate is 0, the bucket is
     empty, the breaker is open or Redis failed; the caller then claims the

@@ -85,7 +85,8 @@ def ready(*, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, 
     # runner is up; accept does not depend on it, and accept's durable commit
     # flushes it along. A database crash inside the flush window loses the
     # stamp, not a run (docs/decisions.md, 13).
-    return prepared.fetchone(READY, args, synchronous_commit=False) is not None
+    ((rows),) = prepared.run_script([(READY, args)], synchronous_commit=False)
+    return bool(rows)
 
 
 # ---------------------------------------------------------------- status
@@ -158,7 +159,8 @@ def deregister(*, statement: prepared.Statement, runner_id: uuid.UUID, group_id:
     # the flush window leaves a runner row whose run is over, which the
     # silent-runner sweep deletes (its slot held until then); the next durable
     # commit flushes it anyway (docs/decisions.md, 13).
-    return prepared.fetchone(statement, args, synchronous_commit=False) is not None
+    ((rows),) = prepared.run_script([(statement, args)], synchronous_commit=False)
+    return bool(rows)
 
 
 # ---------------------------------------------------------------- accept
