@@ -9,6 +9,10 @@ Every test runs against real PostgreSQL and Redis (the machine's when
 
 from __future__ import annotations
 
+import ast
+import functools
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +26,35 @@ from rest_framework.test import APIClient
 from gantry.core import services
 from gantry.core.models import Membership, Organization, Role, RunnerGroup, Stack
 from gantry.dispatch import longpoll
+
+
+def _serialise_ast_parse() -> None:
+    """Let one thread at a time build Python AST objects.
+
+    Before 3.13, CPython keeps the AST constructor's recursion counter in
+    per-interpreter state shared by every thread, so two threads in
+    ``ast.parse`` at once can raise ``SystemError: AST constructor recursion
+    depth mismatch``. Two do meet here: pytest parses a failed test's source
+    to show it while a server thread of the test formats a traceback
+    (3.11's traceback parses each line for its carets). pytest then dies with
+    an INTERNALERROR instead of reporting the failure, and the rest of the run
+    is lost. Serialising the calls removes the race and changes no result.
+    """
+    if sys.version_info >= (3, 13) or getattr(ast.parse, "_gantry_serialised", False):
+        return
+    lock = threading.Lock()
+    parse = ast.parse
+
+    @functools.wraps(parse)
+    def serialised(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return parse(*args, **kwargs)
+
+    serialised._gantry_serialised = True  # type: ignore[attr-defined]
+    ast.parse = serialised  # type: ignore[assignment]
+
+
+_serialise_ast_parse()
 
 SPEC: dict[str, Any] = {"steps": [{"name": "hello", "run": "echo hello"}], "env": {}, "timeout_seconds": 60}
 
