@@ -39,6 +39,11 @@ What it does, for each repetition and each K:
    runners hammering their own rows would measure the dead versions of K hot
    rows rather than the route.
 
+The bench's own CPU (its client threads) is read too: under the table for
+the highest K it prints what the calls ratio is made of (server and client
+CPU per call of each phase, the ratio they predict, and the ratio if the
+server's Python per call cost no more than a whole /healthz request).
+
 Each figure is the median over the repetitions; the phases interleave, so a
 neighbour's load on a shared machine falls on all of them alike. CPU is read
 per process, so it stays meaningful when the machine is shared; wall-clock
@@ -398,6 +403,7 @@ def _threads(
     meter.start()
     t0 = time.perf_counter()
     deadline = t0 + seconds
+    client0 = time.process_time()
     threads = [threading.Thread(target=target, args=(*args, deadline, res, lock)) for args in per_thread]
     for t in threads:
         t.start()
@@ -405,6 +411,9 @@ def _threads(
         t.join()
     res.seconds = time.perf_counter() - t0
     res.cpu = meter.stop()
+    # The bench's own CPU (its K client threads): it shares the host's cores
+    # with the server, so it is part of what the calls ratio is made of.
+    res.cpu["client"] = time.process_time() - client0
     return res
 
 
@@ -481,6 +490,7 @@ class Round:
         return self.life.cpu[side] / max(1, self.life.runs) * 1000
 
     def cpu_per_req_ms(self, phase: PhaseResult, side: str | None = None) -> float:
+        """Server CPU per request (Python + PostgreSQL), or one side's: ``py``, ``pg`` or ``client`` (the bench's)."""
         total = phase.cpu[side] if side else phase.cpu["py"] + phase.cpu["pg"]
         return total / max(1, phase.n_calls) * 1000
 
@@ -521,6 +531,7 @@ def report(rounds: list[Round], command: str) -> bool:
             f"{hz:.2f} | {st:.2f} ({st_py:.2f} + {st_pg:.2f}) | {st_ratio:.2f} |"
         )
         if k == max(ks):
+            _explain_ratio(rs, ratio)
             ok = tot <= TARGET_CPU_PER_RUN_MS and ratio >= TARGET_CALLS_RATIO and st_ratio <= TARGET_STATUS_VS_HEALTHZ
             print(
                 f"\ntargets at K={k}: CPU/run {tot:.1f} ms (≤ {TARGET_CPU_PER_RUN_MS}): "
@@ -541,6 +552,32 @@ def report(rounds: list[Round], command: str) -> bool:
     if errors:
         print(f"\n{len(errors)} errors, first: {errors[0]}")
     return ok
+
+
+def _explain_ratio(rounds: list[Round], measured: float) -> None:
+    """What the calls ratio is made of, from CPU per call (printed under the table, for the highest K).
+
+    Both phases keep the host's cores busy (server, PostgreSQL and the bench's
+    client share them), so requests/s is about cores ÷ CPU per request and the
+    ratio about (healthz server + client) ÷ (call server + client). The second
+    figure is the ratio if the server's Python per call cost no more than a
+    whole /healthz request: the part of the gap PostgreSQL's work alone makes.
+    """
+
+    def per(phase: str, side: str) -> float:
+        return _median(rounds, lambda r: r.cpu_per_req_ms(getattr(r, phase), side))
+
+    call_py, call_pg, call_cl = per("life", "py"), per("life", "pg"), per("life", "client")
+    hz, hz_cl = _median(rounds, lambda r: r.cpu_per_req_ms(r.health)), per("health", "client")
+    predicted = (hz + hz_cl) / (call_py + call_pg + call_cl)
+    bound = (hz + hz_cl) / (hz + call_pg + call_cl)
+    print(
+        f"\nthe calls ratio from CPU: a lifecycle call costs {call_py + call_pg:.2f} ms of server CPU "
+        f"(py {call_py:.2f} + pg {call_pg:.2f}) and {call_cl:.2f} of the bench's client; a /healthz request "
+        f"{hz:.2f} + {hz_cl:.2f}. Predicted ratio {predicted:.2f} (measured {measured:.2f}); with the server's "
+        f"Python per call no dearer than a whole /healthz request, PostgreSQL's {call_pg:.2f} ms a call would "
+        f"leave it at {bound:.2f}."
+    )
 
 
 def _p50_p99(rounds: list[Round], call: str, phase: str = "life") -> str:

@@ -82,3 +82,8 @@ def test_lifecycle_runs_every_call_of_a_run(bench_env: dict[str, str]) -> None:
     calls = [line for line in out.splitlines() if line.startswith("| 1 | ") and "/" in line]
     assert calls, out[-2000:]
     assert "nan" not in calls[-1], calls[-1]
+    # The ratio's make-up, from CPU per call of both phases (the client's included).
+    explained = [line for line in out.splitlines() if line.startswith("the calls ratio from CPU")]
+    assert explained, out[-2000:]
+    assert "Predicted ratio" in explained[0], explained[0]
+    assert "nan" not in explained[0], explained[0]
