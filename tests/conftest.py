@@ -13,12 +13,14 @@ import ast
 import functools
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from django.contrib.auth.models import User
+from django.core.signals import request_finished, request_started
 from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -186,6 +188,75 @@ def _listener_stops_before_the_database_goes(request: pytest.FixtureRequest) -> 
     # Only for tests that set up the database: the fast tier (-m unit) never creates one.
     if _SERVICE_FIXTURES.intersection(request.fixturenames) or request.node.get_closest_marker("django_db"):
         request.getfixturevalue("_stop_longpoll_listener")
+
+
+# Requests the live server's threads are serving now (thread idents), from
+# Django's request_started to request_finished; the test's own thread excluded.
+_serving: set[int] = set()
+_serving_lock = threading.Lock()
+
+
+def _request_started(sender: object, **kwargs: object) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        with _serving_lock:
+            _serving.add(threading.get_ident())
+
+
+def _request_finished(sender: object, **kwargs: object) -> None:
+    with _serving_lock:
+        _serving.discard(threading.get_ident())
+
+
+request_started.connect(_request_started, dispatch_uid="tests.serving.started")
+request_finished.connect(_request_finished, dispatch_uid="tests.serving.finished")
+
+
+def requests_in_flight() -> int:
+    """How many requests other threads (the live server's) are serving right now."""
+    with _serving_lock:
+        return len(_serving)
+
+
+def settle_live_server(timeout: float = 15.0) -> None:
+    """Let every request the live server is still serving answer, before the test's database goes.
+
+    A process the test started and killed (a coordinator, a runner) can leave
+    its long poll parked in a server thread for up to its ``wait``. Left alone,
+    that poll retries its claim after the test: in the next test's database,
+    or in a test with no database at all, where the error it raises reaches
+    Django's process-wide ``got_request_exception`` signal and the test client
+    of whatever test runs then re-raises it as its own (CI once failed
+    ``test_schema`` this way on a poll a coordinator of ``test_reconcile_e2e``
+    had left parked). Parked polls answer at once, as when a server stops;
+    then the shutdown is forgotten, with the listener, for the next test.
+    """
+    if not requests_in_flight():
+        return
+    longpoll.begin_shutdown()
+    try:
+        deadline = time.monotonic() + timeout
+        while requests_in_flight() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        longpoll.stop_listener()
+    left = requests_in_flight()
+    assert not left, f"{left} live-server request(s) still running {timeout:.0f} s after the test"
+
+
+@pytest.fixture(autouse=True)
+def _live_server_settles(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For a test on the live server: its requests end before its database is flushed.
+
+    Autouse, and it asks for transactional_db itself, so it is set up before
+    the test's own fixtures (torn down after they stop their processes) and
+    after the database (torn down before the flush).
+    """
+    if "live_server" not in request.fixturenames:
+        yield
+        return
+    request.getfixturevalue("transactional_db")
+    yield
+    settle_live_server()
 
 
 @pytest.fixture

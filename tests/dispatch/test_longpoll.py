@@ -33,6 +33,7 @@ from gantry.core import services
 from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus
 from gantry.dispatch import longpoll
 from gantry.dispatch.claim import claim
+from tests.conftest import requests_in_flight, settle_live_server
 from tests.dispatch.helpers import deploy, make_stack
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -339,3 +340,21 @@ def test_shutdown_on_runs_the_previous_handler_too(shutdown_reset: None) -> None
         assert longpoll.wait_for_claim(org_id=1, wait=30, attempt=lambda: None) is None  # does not park
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+# ---------------------------------------------------------------- between tests
+
+
+def test_a_poll_its_client_left_parked_answers_before_the_test_ends(live_server: Any, acme: Organization) -> None:
+    """What tests/conftest.py's live-server teardown does: a coordinator a test
+    killed leaves its poll parked in a server thread; the poll must not retry
+    its claim after the test's database is gone (docs/testing.md)."""
+    group, token = new_group(acme)
+    poll = park(live_server.url, token, group, wait=30)
+    assert requests_in_flight() == 1  # the parked poll, seen from its server thread
+
+    settle_live_server()
+
+    assert requests_in_flight() == 0
+    assert poll.result(timeout=10).status == 204  # answered, not held for its 30 s
+    assert not longpoll.shutting_down()  # the next test's polls park again
