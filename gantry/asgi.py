@@ -10,9 +10,10 @@ Three routes through one event loop per process (docs/operations.md, "Sizing"):
   Django view's, so answers are byte for byte those of the WSGI server; only
   the waiting moved.
 - The runner's hot calls (status, ready, accept, live-log push, done, deregister):
-  gantry.api.fastlane, on the sync threads below, straight from the scope;
-  whatever it does not answer itself (every refusal, anything unusual) goes
-  on to Django with its body replayed.
+  gantry.api.fastlane, straight from the scope: the one-statement calls on
+  this event loop with the lane's own connections (gantry.api.lanedb), the
+  live-log push on the sync threads below; whatever it does not answer itself
+  (every refusal, anything unusual) goes on to Django with its body replayed.
 - Everything else: the Django WSGI application in a pool of
   ``GANTRY_SYNC_THREADS`` threads (default 16), through a2wsgi. Not Django's
   own ASGI handler: it runs sync views with ``thread_sensitive=True``, on one
@@ -42,14 +43,18 @@ django_app = get_wsgi_application()
 from a2wsgi import WSGIMiddleware  # noqa: E402 - after Django is set up
 from a2wsgi.wsgi import build_environ  # noqa: E402
 
-from gantry.api import fastlane  # noqa: E402
+from gantry.api import fastlane, lanedb  # noqa: E402
 from gantry.dispatch import asyncpoll, longpoll  # noqa: E402
-from gantry.env import envint  # noqa: E402
+from gantry.env import envbool, envint  # noqa: E402
 
 POLL_PATH = "/api/v1/runner-groups/poll"
 
 SYNC_THREADS = envint("GANTRY_SYNC_THREADS", 16, minimum=1)
 POLL_THREADS = envint("GANTRY_POLL_THREADS", 3, minimum=1)
+# The lane's one-statement calls (status, ready, accept, done, deregister) on
+# the event loop with connections of its own (gantry.api.lanedb); false: on the
+# sync threads with Django's, as before (docs/performance.md).
+ON_LOOP = envbool("GANTRY_FAST_LANE_LOOP", True)
 
 _sync = WSGIMiddleware(django_app, workers=SYNC_THREADS)  # type: ignore[arg-type]
 # The sync threads may keep a connection each between hot calls, beside the
@@ -239,8 +244,10 @@ async def _fast(route: fastlane.Route, scope: dict[str, Any], receive: Any, send
         if body is None:
             return  # the client went away mid-body
         call.body = body
-    loop = asyncio.get_running_loop()
-    answer = await loop.run_in_executor(_sync.executor, fastlane.serve, route, call)
+    if route.plan and ON_LOOP:
+        answer = await fastlane.aserve(route, call)
+    else:
+        answer = await asyncio.get_running_loop().run_in_executor(_sync.executor, fastlane.serve, route, call)
     if answer is not None:
         await _send(send, answer)
         return
@@ -283,6 +290,7 @@ async def _lifespan(receive: Any, send: Any) -> None:
                 longpoll.shutdown_on(signal.SIGINT)
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            await lanedb.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

@@ -50,9 +50,9 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from gantry.api import fastbody, runner_views
+from gantry.api import fastbody, lanedb, runner_views
 from gantry.api.auth import group_check, group_of_row, runner_claims, token_group
-from gantry.core import services, tokens
+from gantry.core import prepared, services, tokens
 from gantry.core.errors import GantryError
 from gantry.core.models import GroupKind
 from gantry.dispatch import asyncpoll
@@ -148,8 +148,12 @@ class Route:
     method: str
     path: re.Pattern[str]
     view: type[APIView]
-    handler: Callable[[Call], Answer | None]
+    # The call's answer or None (Django's); a plan route's handler is a plan
+    # (gantry.core.prepared) of that, run on the event loop under gantry.asgi
+    # (:func:`aserve`) or on the request thread (:func:`serve`).
+    handler: Callable[[Call], Any]
     body: bool = False
+    plan: bool = False
     query: bool = False  # the poll's ?wait=
     max_body: int = MAX_BODY
     # Whether its thread may keep the connection for its next call (not the
@@ -216,24 +220,52 @@ def _host_ok(host: bytes | None) -> bool:
     return ok
 
 
+# Raised before the route's write, or by its statement (rolled back): nothing
+# changed, and the view's own path says what went wrong.
+_HANDED_OVER = (DatabaseError, psycopg.Error, GantryError, AuthenticationFailed, tokens.TokenInvalid)
+
+
 def serve(route: Route, call: Call) -> Answer | None:
     """Answer the call, or None when Django must (nothing was written). Runs in a worker thread."""
     started = time.perf_counter()
     answer: Answer | None = None
     try:
-        answer = route.handler(call)
-    except (DatabaseError, GantryError, AuthenticationFailed, tokens.TokenInvalid) as exc:
-        # Raised before the route's write, or by its statement (rolled back):
-        # nothing changed, and the view's own path says what went wrong.
+        result = route.handler(call)
+        answer = prepared.drive(result) if route.plan else result
+    except _HANDED_OVER as exc:
         log.debug("fast lane hands %s to Django: %r", route.name, exc)
         answer = None
     except Exception:
-        # After a committed write a second attempt would see its own effect:
-        # answer as Django's handler500 does, with the traceback in the log.
-        log.exception("fast lane %s failed", route.name)
-        answer = route.answer(500, JSONRenderer().render(_SERVER_ERROR))
+        answer = _failed(route)
     finally:
         _release_connection(keep=route.sticky and answer is not None and answer[0] < 500)
+    return _settled(route, answer, started)
+
+
+async def aserve(route: Route, call: Call) -> Answer | None:
+    """:func:`serve` for a plan route, on the event loop: its statements on this loop's connections (lanedb)."""
+    started = time.perf_counter()
+    answer: Answer | None = None
+    try:
+        plan = route.handler(call)  # a generator: the token's checks run at its first step, in adrive
+        async with lanedb.connection() as conn:
+            answer = await prepared.adrive(plan, conn)
+    except _HANDED_OVER as exc:
+        log.debug("fast lane hands %s to Django: %r", route.name, exc)
+        answer = None
+    except Exception:
+        answer = _failed(route)
+    return _settled(route, answer, started)
+
+
+def _failed(route: Route) -> Answer:
+    # After a committed write a second attempt would see its own effect:
+    # answer as Django's handler500 does, with the traceback in the log.
+    log.exception("fast lane %s failed", route.name)
+    return route.answer(500, JSONRenderer().render(_SERVER_ERROR))
+
+
+def _settled(route: Route, answer: Answer | None, started: float) -> Answer | None:
     if answer is None:
         _counted(route.name, DJANGO).inc()
         return None
@@ -341,47 +373,50 @@ def _json_body(call: Call, shape: Callable[[Any], dict[str, Any] | None]) -> dic
 # ---------------------------------------------------------------- the routes
 
 
-def _status(call: Call) -> Answer | None:
+def _status(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, run_id, group_id = _runner_token(call)
     if call.ids["run_id"] != run_id:
         return None
-    found, run_status = services.runner_status(runner_id=runner_id, runner_group_id=group_id, run_id=run_id,
-                                               bound=True)  # fmt: skip
+    found, run_status = yield from services.runner_status_plan(runner_id=runner_id, runner_group_id=group_id,
+                                                               run_id=run_id, bound=True, now=_now())  # fmt: skip
     if not found or run_status is None:
         return None  # wrote nothing: the runner or the run is gone
     return STATUS.answer(200, JSONRenderer().render(runner_views.status_answer(run_status)))
 
 
-def _ready(call: Call) -> Answer | None:
+def _ready(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, _, group_id = _runner_token(call)
     data = _json_body(call, fastbody.ready)
     if call.ids["runner_id"] != runner_id or data is None:
         return None
-    if not services.ready_hot(runner_id=runner_id, runner_group_id=group_id, metadata=data, now=_now()):
+    if not (yield from services.ready_hot_plan(runner_id=runner_id, runner_group_id=group_id, metadata=data,
+                                               now=_now())):  # fmt: skip
         return None  # ready already (a replay), busy, or gone: the view's path
     return READY.answer(204)
 
 
-def _accept(call: Call) -> Answer | None:
+def _accept(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, run_id, group_id = _runner_token(call)
     if call.ids["run_id"] != run_id:
         return None
-    accepted = services.accept_hot(run_id=run_id, runner_id=runner_id, runner_group_id=group_id, now=_now())
+    accepted = yield from services.accept_hot_plan(run_id=run_id, runner_id=runner_id, runner_group_id=group_id,
+                                                   now=_now())  # fmt: skip
     if accepted is None:
         return None
     run, api_token = accepted
     return ACCEPT.answer(200, JSONRenderer().render(runner_views.accept_answer(run, api_token)))
 
 
-def _done(call: Call) -> Answer | None:
+def _done(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, run_id, group_id = _runner_token(call)
     data = _json_body(call, fastbody.done)
     if call.ids["run_id"] != run_id or data is None:
         return None
-    done = services.finish_hot(run_id=run_id, runner_id=runner_id, runner_group_id=group_id,
-                               outcome=data["outcome"], exit_code=data.get("exit_code"), error=data.get("error", ""),
-                               sealed_chunks=data.get("sealed_chunks"), manifest=data.get("manifest"),
-                               now=_now())  # fmt: skip
+    done = yield from services.finish_hot_plan(
+        run_id=run_id, runner_id=runner_id, runner_group_id=group_id, outcome=data["outcome"],
+        exit_code=data.get("exit_code"), error=data.get("error", ""), sealed_chunks=data.get("sealed_chunks"),
+        manifest=data.get("manifest"), now=_now(),
+    )  # fmt: skip
     if done is None:
         return None  # a replay, a refusal: the view's path names it
     live_logs.delete_soon(run_id)
@@ -398,11 +433,11 @@ def _live(call: Call) -> Answer | None:
     return LIVE.answer(204)
 
 
-def _deregister(call: Call) -> Answer | None:
+def _deregister(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, _, group_id = _runner_token(call)
     if call.ids["runner_id"] != runner_id:
         return None
-    if not services.deregister_hot(runner_id=runner_id, runner_group_id=group_id, now=_now()):
+    if not (yield from services.deregister_hot_plan(runner_id=runner_id, runner_group_id=group_id, now=_now())):
         return None
     return DEREGISTER.answer(204)
 
@@ -471,17 +506,17 @@ def _now() -> datetime:
 
 
 STATUS = Route("status", "GET", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/status"), runner_views.StatusView,
-               _status)  # fmt: skip
+               _status, plan=True)  # fmt: skip
 READY = Route("ready", "POST", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/ready"), runner_views.ReadyView,
-              _ready, body=True)  # fmt: skip
+              _ready, body=True, plan=True)  # fmt: skip
 ACCEPT = Route("accept", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/accept"), runner_views.AcceptView,
-               _accept)  # fmt: skip
+               _accept, plan=True)  # fmt: skip
 DONE = Route("done", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/done"), runner_views.DoneView, _done,
-             body=True)  # fmt: skip
+             body=True, plan=True)  # fmt: skip
 LIVE = Route("live", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/logs/live"), log_views.LiveLogView,
              _live, body=True, max_body=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)  # fmt: skip
 DEREGISTER = Route("deregister", "DELETE", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/deregister"),
-                   runner_views.DeregisterView, _deregister)  # fmt: skip
+                   runner_views.DeregisterView, _deregister, plan=True)  # fmt: skip
 POLL = Route("poll", "GET", re.compile("/api/v1/runner-groups/poll"), runner_views.PollView, _poll, query=True,
              sticky=False)  # fmt: skip
 ROUTES = (STATUS, READY, ACCEPT, DONE, LIVE, DEREGISTER, POLL)

@@ -22,17 +22,20 @@ from __future__ import annotations
 import hashlib
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Model
 from django.db.models.base import ModelState
 from psycopg import sql
 
 M = TypeVar("M", bound=Model)
+T = TypeVar("T")
+Rows = list[list[tuple[Any, ...]]]
 
 
 def _connection() -> tuple[Any, psycopg.Connection[Any]]:
@@ -107,14 +110,15 @@ class Statement:
         self.types = tuple(t for _, t in params)
         self.prepare_sql = f"PREPARE {self.name} ({', '.join(t for _, t in params)}) AS {numbered}"
         self.execute_sql = f"EXECUTE {self.name} ({', '.join('%s' for _ in params)})"
-        self._prepared_on: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
+        # The sessions (sync or asyncio connections) that have it prepared.
+        self._prepared_on: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
     def ensure_prepared(self, conn: psycopg.Connection[Any]) -> None:
         if conn not in self._prepared_on:
             conn.execute(self.prepare_sql)
             self._prepared_on[conn] = True
 
-    def forget(self, conn: psycopg.Connection[Any]) -> None:
+    def forget(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         self._prepared_on.pop(conn, None)
 
 
@@ -160,21 +164,136 @@ def _run(
 ) -> list[list[tuple[Any, ...]]]:
     for statement, _ in steps:
         statement.ensure_prepared(conn)
-    parts = [execute_text(statement, args, conn) for statement, args in steps]
-    begin = ["BEGIN"] if synchronous_commit else ["BEGIN", "SET LOCAL synchronous_commit = off"]
-    text = "; ".join([*begin, *parts, "COMMIT"] if own else parts)
-    out: list[list[tuple[Any, ...]]] = []
+    text, skip = _script_text(conn, steps, own=own, synchronous_commit=synchronous_commit)
+    out: Rows = []
     with psycopg.ClientCursor(conn) as cur:
         try:
             cur.execute(text)  # no parameters: the literals are in the text
-            for _ in begin if own else ():
+            for _ in range(skip):
                 cur.nextset()  # past BEGIN's (and SET's) empty result
             for _ in steps:
-                out.append(cur.fetchall() if cur.description else [])
+                out.append(cur.fetchall() if _has_rows(cur) else [])
                 cur.nextset()
         except BaseException:
             if own and not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()
+            raise
+    return out
+
+
+def _script_text(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    steps: Sequence[tuple[Statement, dict[str, Any]]],
+    *,
+    own: bool,
+    synchronous_commit: bool,
+) -> tuple[str, int]:
+    """The one message for ``steps`` and how many empty results (BEGIN's, SET's) come before the first step's."""
+    parts = [execute_text(statement, args, conn) for statement, args in steps]
+    begin = ["BEGIN"] if synchronous_commit else ["BEGIN", "SET LOCAL synchronous_commit = off"]
+    if not own:
+        return "; ".join(parts), 0
+    return "; ".join([*begin, *parts, "COMMIT"]), len(begin)
+
+
+def _has_rows(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any]) -> bool:
+    # The result's status, not cur.description: that builds a Column for each
+    # of the result's columns (4% of the lifecycle's Python samples, for
+    # accept's and done's twenty-odd).
+    result = cur.pgresult
+    return result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+
+
+# ---------------------------------------------------------------- plans: one hot path, two drivers
+#
+# A hot path (gantry.core.services.hotpath and its callers up to the fast
+# lane's routes) is written once, as a generator: it yields the Script of each
+# round trip it needs and receives that script's rows, and it yields an
+# AfterCommit for work that must wait for its writes to commit (a metric).
+# :func:`drive` runs it on Django's connection, in a caller's transaction or in
+# autocommit, as every sync caller does; :func:`adrive` runs it on an
+# asyncio connection in autocommit, as the fast lane does on the event loop
+# under gantry.asgi (gantry.api.lanedb), with no thread hand-off. The SQL, the
+# guards and the answers are the same object either way.
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """The statements of one round trip; one transaction unless ``transaction`` is False (a single statement)."""
+
+    steps: Sequence[tuple[Statement, dict[str, Any]]]
+    synchronous_commit: bool = True
+    transaction: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AfterCommit:
+    """Work for after the plan's writes have committed (Django's on_commit; at once in autocommit)."""
+
+    func: Callable[[], object]
+
+
+Plan = Generator[Script | AfterCommit, Any, T]
+
+
+def drive(plan: Plan[T]) -> T:
+    """Run ``plan`` on Django's connection: each Script through :func:`run_script`; its result."""
+    try:
+        step = next(plan)
+        while True:
+            if isinstance(step, AfterCommit):
+                transaction.on_commit(step.func)
+                step = plan.send(None)
+            else:
+                rows = run_script(step.steps, synchronous_commit=step.synchronous_commit, transaction=step.transaction)
+                step = plan.send(rows)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def adrive(plan: Plan[T], conn: psycopg.AsyncConnection[Any]) -> T:
+    """Run ``plan`` on ``conn`` (autocommit, the caller's alone): each Script in one round trip; its result."""
+    try:
+        step = next(plan)
+        while True:
+            if isinstance(step, AfterCommit):
+                step.func()  # autocommit: each script has committed by the time it answered
+                step = plan.send(None)
+            else:
+                step = plan.send(await arun_script(conn, step))
+    except StopIteration as stop:
+        return stop.value
+
+
+async def arun_script(conn: psycopg.AsyncConnection[Any], script: Script) -> Rows:
+    """:func:`run_script` on an asyncio connection in autocommit; psycopg's errors are raised as they are."""
+    try:
+        return await _arun(conn, script)
+    except psycopg.errors.InvalidSqlStatementName:
+        for statement, _ in script.steps:
+            statement.forget(conn)
+        return await _arun(conn, script)
+
+
+async def _arun(conn: psycopg.AsyncConnection[Any], script: Script) -> Rows:
+    for statement, _ in script.steps:
+        if conn not in statement._prepared_on:
+            await conn.execute(statement.prepare_sql)
+            statement._prepared_on[conn] = True
+    own = script.transaction
+    text, skip = _script_text(conn, script.steps, own=own, synchronous_commit=script.synchronous_commit)
+    out: Rows = []
+    async with psycopg.AsyncClientCursor(conn) as cur:
+        try:
+            await cur.execute(text)
+            for _ in range(skip):
+                cur.nextset()
+            for _ in script.steps:
+                out.append(await cur.fetchall() if _has_rows(cur) else [])
+                cur.nextset()
+        except BaseException:
+            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                await conn.rollback()
             raise
     return out
 
@@ -191,7 +310,9 @@ def _run(
 # quotes doubled, read the same whatever standard_conforming_strings says.
 
 
-def execute_text(statement: Statement, args: Mapping[str, Any], conn: psycopg.Connection[Any]) -> str:
+def execute_text(
+    statement: Statement, args: Mapping[str, Any], conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+) -> str:
     """``EXECUTE name (literal, ...)`` for ``args``, each written as a literal of its parameter's type."""
     values = ", ".join(
         literal(args[name], kind, conn) for name, kind in zip(statement.params, statement.types, strict=True)
@@ -199,7 +320,7 @@ def execute_text(statement: Statement, args: Mapping[str, Any], conn: psycopg.Co
     return f"EXECUTE {statement.name} ({values})"
 
 
-def literal(value: Any, kind: str, conn: psycopg.Connection[Any]) -> str:
+def literal(value: Any, kind: str, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
     """``value`` as an SQL literal for a parameter of type ``kind`` (the EXECUTE casts it to that type)."""
     if value is None:
         return "NULL"

@@ -41,10 +41,12 @@ def pending_run(org: Organization, name: str) -> Run:
 
 
 @contextmanager
-def wire() -> Iterator[list[tuple[str, str]]]:
-    """What this thread's database connection sends: (message type, text) for each frontend message."""
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
+def wire(pgconn: pq.abc.PGconn | None = None) -> Iterator[list[tuple[str, str]]]:
+    """What this thread's database connection (or ``pgconn``) sends: (message type, text) for each frontend
+    message."""
+    if pgconn is None:
+        connection.ensure_connection()
+        pgconn = connection.connection.pgconn
     sent: list[tuple[str, str]] = []
     with tempfile.TemporaryFile(mode="w+") as trace:
         pgconn.trace(trace.fileno())

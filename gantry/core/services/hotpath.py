@@ -75,7 +75,9 @@ RETURNING id
 )
 
 
-def ready(*, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, Any], now: datetime) -> bool:
+def ready_plan(
+    *, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, Any], now: datetime
+) -> prepared.Plan[bool]:
     """True when the runner (of ``group_id``, when given) went not_ready → ready now."""
     params = {
         k: metadata.get(k) for k in ("hostname", "launcher", "pid", "container_id", "pod_name", "workflow_run_id")
@@ -85,8 +87,12 @@ def ready(*, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, 
     # runner is up; accept does not depend on it, and accept's durable commit
     # flushes it along. A database crash inside the flush window loses the
     # stamp, not a run (docs/decisions.md, 13).
-    ((rows),) = prepared.run_script([(READY, args)], synchronous_commit=False)
+    ((rows),) = yield prepared.Script([(READY, args)], synchronous_commit=False)
     return bool(rows)
+
+
+def ready(*, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, Any], now: datetime) -> bool:
+    return prepared.drive(ready_plan(runner_id=runner_id, group_id=group_id, metadata=metadata, now=now))
 
 
 # ---------------------------------------------------------------- status
@@ -124,13 +130,19 @@ SELECT TRUE, (SELECT status FROM run WHERE id = %(run)s)
 )
 
 
+def status_plan(
+    *, runner_id: uuid.UUID, group_id: int | None, run_id: uuid.UUID, bound: bool, now: datetime
+) -> prepared.Plan[tuple[bool, str | None]]:
+    """(the runner exists in ``group_id``, the run's status or None when missing or not ``bound``)."""
+    args = {"runner": runner_id, "grp": group_id, "run": run_id, "bound": bound, "now": now}
+    ((row,),) = yield prepared.Script([(STATUS, args)], synchronous_commit=False)
+    return bool(row[0]), row[1]
+
+
 def status(
     *, runner_id: uuid.UUID, group_id: int | None, run_id: uuid.UUID, bound: bool, now: datetime
 ) -> tuple[bool, str | None]:
-    """(the runner exists in ``group_id``, the run's status or None when missing or not ``bound``)."""
-    args = {"runner": runner_id, "grp": group_id, "run": run_id, "bound": bound, "now": now}
-    ((row,),) = prepared.run_script([(STATUS, args)], synchronous_commit=False)
-    return bool(row[0]), row[1]
+    return prepared.drive(status_plan(runner_id=runner_id, group_id=group_id, run_id=run_id, bound=bound, now=now))
 
 
 def seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime) -> str | None:
@@ -152,14 +164,16 @@ def deregister_statement(holds_run_sql: str) -> prepared.Statement:
     )
 
 
-def deregister(*, statement: prepared.Statement, runner_id: uuid.UUID, group_id: int | None, now: datetime) -> bool:
+def deregister_plan(
+    *, statement: prepared.Statement, runner_id: uuid.UUID, group_id: int | None, now: datetime
+) -> prepared.Plan[bool]:
     """True when the runner row (of ``group_id``, when given) was deleted."""
     args = {"runner": runner_id, "now": now, "grp": group_id}
     # No wait for the WAL flush: a deregister lost in a database crash inside
     # the flush window leaves a runner row whose run is over, which the
     # silent-runner sweep deletes (its slot held until then); the next durable
     # commit flushes it anyway (docs/decisions.md, 13).
-    ((rows),) = prepared.run_script([(statement, args)], synchronous_commit=False)
+    ((rows),) = yield prepared.Script([(statement, args)], synchronous_commit=False)
     return bool(rows)
 
 
@@ -204,12 +218,16 @@ JOIN deployment d ON d.id = acc.deployment_id JOIN stack s ON s.id = acc.stack_i
 )
 
 
-def accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, group_id: int | None, digest: str, now: datetime) -> Run | None:
+def accept_plan(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID, group_id: int | None, digest: str, now: datetime
+) -> prepared.Plan[Run | None]:
     """The accepted run (its deployment's spec and stack's secrets loaded), or None when the guard failed."""
     args = {"run": run_id, "runner": runner_id, "digest": digest, "now": now, "grp": group_id}
-    row = prepared.fetchone(ACCEPT, args)
-    if row is None:
+    # One statement: its own transaction, durable (the run is authoritative from here).
+    (rows,) = yield prepared.Script([(ACCEPT, args)], transaction=False)
+    if not rows:
         return None
+    row = rows[0]
     run = prepared.instance(Run, row)
     # As select_related would: run_context reads run.deployment.spec and
     # run.stack.secrets without a query (only those fields are loaded).
@@ -303,7 +321,7 @@ SELECT * FROM fin
 )
 
 
-def finish(
+def finish_plan(
     *,
     run_id: uuid.UUID,
     runner_id: uuid.UUID,
@@ -315,7 +333,7 @@ def finish(
     sealed_chunks: int | None,
     manifest: Mapping[str, Any] | None,
     now: datetime,
-) -> Run | None:
+) -> prepared.Plan[Run | None]:
     """The finished run, or None when the guard failed (nothing changed: the caller finds out why)."""
     args = {
         "run": run_id,
@@ -330,8 +348,9 @@ def finish(
         "deployment_status": DEPLOYMENT_STATUS_FOR_RUN[outcome],
         "grp": group_id,
     }
-    _, rows = prepared.run_script([(LOCK_STACK, {"run": run_id}), (FINISH, args)])
+    _, rows = yield prepared.Script([(LOCK_STACK, {"run": run_id}), (FINISH, args)])
     return prepared.instance(Run, rows[0]) if rows else None
 
 
-__all__ = ["EXECUTING", "accept", "deregister", "finish", "ready", "status"]
+__all__ = ["EXECUTING", "accept_plan", "deregister_plan", "finish_plan", "ready", "ready_plan", "status",
+           "status_plan"]  # fmt: skip

@@ -19,6 +19,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 
 from gantry import conf
+from gantry.core import prepared
 from gantry.core.errors import GantryError, NotFound, RunnerBusy, RunnerHoldsRun, RunnerNotOffline
 from gantry.core.models import (
     EXECUTING,
@@ -88,6 +89,13 @@ def ready_hot(*, runner_id: uuid.UUID, runner_group_id: int | None, metadata: di
     return hotpath.ready(runner_id=runner_id, group_id=runner_group_id, metadata=_metadata(metadata), now=now)
 
 
+def ready_hot_plan(
+    *, runner_id: uuid.UUID, runner_group_id: int | None, metadata: dict[str, Any] | None, now: datetime
+) -> prepared.Plan[bool]:
+    """:func:`ready_hot` as a plan (gantry.core.prepared), for either driver."""
+    return hotpath.ready_plan(runner_id=runner_id, group_id=runner_group_id, metadata=_metadata(metadata), now=now)
+
+
 def _metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (metadata or {}).items() if k in RUNNER_METADATA and v is not None}
 
@@ -116,6 +124,13 @@ def runner_status(
     )
 
 
+def runner_status_plan(
+    *, runner_id: uuid.UUID, runner_group_id: int | None, run_id: uuid.UUID, bound: bool, now: datetime
+) -> prepared.Plan[tuple[bool, str | None]]:
+    """:func:`runner_status` as a plan (gantry.core.prepared), for either driver."""
+    return hotpath.status_plan(runner_id=runner_id, group_id=runner_group_id, run_id=run_id, bound=bound, now=now)
+
+
 _DEREGISTER = hotpath.deregister_statement(holds_run_sql("%(runner)s"))
 
 
@@ -142,7 +157,12 @@ def deregister_hot(*, runner_id: uuid.UUID, runner_group_id: int | None, now: da
     the run row lock taken by a concurrent accept makes that accept commit
     first or see the runner gone. False changed nothing.
     """
-    return hotpath.deregister(statement=_DEREGISTER, runner_id=runner_id, group_id=runner_group_id, now=now)
+    return prepared.drive(deregister_hot_plan(runner_id=runner_id, runner_group_id=runner_group_id, now=now))
+
+
+def deregister_hot_plan(*, runner_id: uuid.UUID, runner_group_id: int | None, now: datetime) -> prepared.Plan[bool]:
+    """:func:`deregister_hot` as a plan (gantry.core.prepared), for either driver."""
+    return hotpath.deregister_plan(statement=_DEREGISTER, runner_id=runner_id, group_id=runner_group_id, now=now)
 
 
 def dispatch_failed(

@@ -16,11 +16,10 @@ from functools import partial
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import transaction
 
 from gantry import conf, metrics
+from gantry.core import prepared, tokens
 from gantry.core import secrets as stack_secrets
-from gantry.core import tokens
 from gantry.core.errors import (
     AcceptResponseUndeliverable,
     Conflict,
@@ -114,15 +113,23 @@ def accept_hot(
     secrets read along. None: the guard failed (or the runner is not of
     ``runner_group_id``; None: not checked), and :func:`run_accept` names why.
     """
+    return prepared.drive(accept_hot_plan(run_id=run_id, runner_id=runner_id, runner_group_id=runner_group_id, now=now))
+
+
+def accept_hot_plan(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None, now: datetime
+) -> prepared.Plan[tuple[Run, str] | None]:
+    """:func:`accept_hot` as a plan (gantry.core.prepared), for either driver."""
     api_token, digest = tokens.new_run_api_token()
-    run = hotpath.accept(run_id=run_id, runner_id=runner_id, group_id=runner_group_id, digest=digest, now=now)
+    run = yield from hotpath.accept_plan(run_id=run_id, runner_id=runner_id, group_id=runner_group_id, digest=digest,
+                                         now=now)  # fmt: skip
     if run is None:
         return None
     if run.assigned_at is not None:
         started = (now - run.assigned_at).total_seconds()
         # Inside a caller's transaction this waits for its commit; in
         # autocommit the statement has committed and it runs at once.
-        transaction.on_commit(
+        yield prepared.AfterCommit(
             lambda: metrics.record_run(organization_id=run.organization_id, timings={"claimed_to_accepted": started})
         )
     return run, api_token
@@ -234,7 +241,7 @@ def run_finish(
         # terminal transition (event, deployment, token, next run promoted) in
         # one round trip (hotpath). A refused guard changed nothing: the ORM
         # path below tries the same guard again and names the refusal.
-        done = _finish_hot(run_id, runner_id, None, outcome, expected, fields, now)
+        done = prepared.drive(_finish_hot_plan(run_id, runner_id, None, outcome, expected, fields, now))
         if done is not None:
             return done
     bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
@@ -291,8 +298,26 @@ def finish_hot(
     runner's executing run, or the runner not of ``runner_group_id``; None:
     not checked), and :func:`run_finish` names why or accepts a replay.
     """
+    return prepared.drive(finish_hot_plan(run_id=run_id, runner_id=runner_id, runner_group_id=runner_group_id,
+                                          outcome=outcome, exit_code=exit_code, error=error,
+                                          sealed_chunks=sealed_chunks, manifest=manifest, now=now))  # fmt: skip
+
+
+def finish_hot_plan(
+    *,
+    run_id: uuid.UUID,
+    runner_id: uuid.UUID,
+    runner_group_id: int | None,
+    outcome: str,
+    exit_code: int | None = None,
+    error: str = "",
+    sealed_chunks: int | None = None,
+    manifest: Mapping[str, Any] | None = None,
+    now: datetime,
+) -> prepared.Plan[Run | None]:
+    """:func:`finish_hot` as a plan (gantry.core.prepared), for either driver; a refusal raises before any write."""
     expected, fields = _finish_terms(outcome, exit_code, error, sealed_chunks, manifest)
-    return _finish_hot(run_id, runner_id, runner_group_id, outcome, expected, fields, now)
+    return (yield from _finish_hot_plan(run_id, runner_id, runner_group_id, outcome, expected, fields, now))
 
 
 def _finish_terms(
@@ -321,7 +346,7 @@ def _finish_terms(
     return expected, fields
 
 
-def _finish_hot(
+def _finish_hot_plan(
     run_id: uuid.UUID,
     runner_id: uuid.UUID,
     runner_group_id: int | None,
@@ -329,13 +354,13 @@ def _finish_hot(
     expected: frozenset[str],
     fields: dict[str, Any],
     now: datetime,
-) -> Run | None:
-    done = hotpath.finish(run_id=run_id, runner_id=runner_id, group_id=runner_group_id, outcome=outcome,
-                          expected=expected, exit_code=fields["exit_code"], error=fields["failure_reason"],
-                          sealed_chunks=fields.get("sealed_chunks"), manifest=fields.get("log_manifest"),
-                          now=now)  # fmt: skip
+) -> prepared.Plan[Run | None]:
+    done = yield from hotpath.finish_plan(run_id=run_id, runner_id=runner_id, group_id=runner_group_id,
+                                          outcome=outcome, expected=expected, exit_code=fields["exit_code"],
+                                          error=fields["failure_reason"], sealed_chunks=fields.get("sealed_chunks"),
+                                          manifest=fields.get("log_manifest"), now=now)  # fmt: skip
     if done is not None:
-        transaction.on_commit(partial(record_finished, done))
+        yield prepared.AfterCommit(partial(record_finished, done))
     return done
 
 
