@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import pytest
@@ -51,15 +52,19 @@ def _busy_org(slug: str, runs: int) -> tuple[Organization, RunnerGroup]:
     return org, group
 
 
-def _dsn() -> str:
-    settings = connection.settings_dict
-    return f"host={settings['HOST']} port={settings['PORT']} dbname={settings['NAME']} user={settings['USER']}"
+def _session_params() -> dict[str, Any]:
+    # Django's own parameters: a DSN written from settings_dict broke on an empty PORT (the embedded
+    # database's socket), where libpq read "port=dbname=..." as the port.
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return params
 
 
 @contextmanager
 def group_row_held(group: RunnerGroup) -> Iterator[None]:
     """Another session holds the group's row, so a claim of the group waits inside its statement."""
-    with psycopg.connect(_dsn()) as other:
+    with psycopg.connect(**_session_params()) as other:
         other.execute("SELECT 1 FROM runner_group WHERE id = %s FOR UPDATE", [group.id])
         yield
         other.rollback()
@@ -92,7 +97,7 @@ def tokens_while_the_claim_waits(group: RunnerGroup, org: Organization) -> tuple
 
 def _wait_for_a_claim_blocked_on_a_lock() -> None:
     deadline = time.monotonic() + 10
-    with psycopg.connect(_dsn(), autocommit=True) as watcher:
+    with psycopg.connect(**_session_params(), autocommit=True) as watcher:
         while time.monotonic() < deadline:
             row = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
