@@ -435,7 +435,46 @@ class RunEvent(models.Model):
         return f"{self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"
 
 
-class LogPurge(models.Model):
+class RunLogOutbox(models.Model):
+    """A run whose log objects still need work after the transaction that queued it (an outbox row).
+
+    A plain id, not a foreign key: retention deletes runs set-based, and a
+    row may outlive its run (a purge always does; a flush whose run is gone
+    has nothing left to flush and is dropped). Oldest first.
+    """
+
+    run_id = models.UUIDField(primary_key=True)
+    queued_at = models.DateTimeField()
+    # What the row is for, in __str__.
+    what = ""
+
+    class Meta:
+        abstract = True
+        ordering = ["queued_at"]
+
+    def __str__(self) -> str:
+        return f"{self.what} of run {self.run_id}"
+
+
+class LogFlush(RunLogOutbox):
+    """A run failed without its runner whose live log must still reach storage as its final chunk.
+
+    ``services.runner_force_delete`` writes one in the transaction that fails
+    the run and deletes its runner; the flush runs after commit and deletes
+    this row. The runner row is gone by then, so nothing else would retry a
+    flush that failed (storage down): the inactive-runner reaper does, from
+    here, until it lands or the live record has expired (nothing left to
+    flush). Other paths that fail a run without its runner keep the runner
+    row until the flush lands instead.
+    """
+
+    what = "log flush"
+
+    class Meta(RunLogOutbox.Meta):
+        db_table = "log_flush"
+
+
+class LogPurge(RunLogOutbox):
     """A run retention deleted whose stored log chunks and Redis records are still to be removed.
 
     The retention reaper (``gantry.reapers.retention``) writes one in the same
@@ -444,12 +483,7 @@ class LogPurge(models.Model):
     no run row ever names a missing chunk and no chunk is orphaned for ever.
     """
 
-    run_id = models.UUIDField(primary_key=True)
-    queued_at = models.DateTimeField()
+    what = "log purge"
 
-    class Meta:
+    class Meta(RunLogOutbox.Meta):
         db_table = "log_purge"
-        ordering = ["queued_at"]
-
-    def __str__(self) -> str:
-        return f"log purge of run {self.run_id}"

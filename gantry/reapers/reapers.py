@@ -49,7 +49,7 @@ from gantry.core import services
 from gantry.core.models import EXECUTING, RunStatus
 from gantry.core.services import bulk
 from gantry.core.services.runners import holds_run_sql
-from gantry.logs import flush_live_log, start_flush
+from gantry.logs import flush_live_logs, start_flush
 from gantry.logs.services import PendingFlush
 from gantry.reapers import stubs
 
@@ -277,6 +277,7 @@ def inactive_runners(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
             pending = started
         if pending is not None:
             sweep.batch(partial(_settle_lost, sweep, pending, now=now))
+        _flush_queued_runs(sweep, batch_size=batch_size, max_rows=max_rows)
     return sweep.result
 
 
@@ -440,14 +441,50 @@ def force_delete_runner(*, runner_id: uuid.UUID, by: User | None = None, now: da
     failed = services.runner_force_delete(runner_id=runner_id, by=by, now=now)
     metrics.record_reaped("force_delete", {"runner_deleted": 1, "run_failed": int(failed is not None)})
     if failed is not None:
+        counts: Counter[str] = Counter()
         try:
-            flush_live_log(failed)
-        except Exception:
-            # The runner row is gone, so no sweep retries this flush; the live
-            # record stays in Redis until its TTL and the reader still shows it.
+            flush_queued(counts, [failed])
+        except Exception:  # Redis or the database failing: the same retry as a failed storage write
+            log.warning("live-log flush after force-delete failed", exc_info=True,
+                        extra={"event": "reaper.force_delete.flush_error", "run_id": str(failed)})  # fmt: skip
+            counts["flush_failed"] += 1
+        if counts["flush_failed"]:
+            # The service queued the run (LogFlush): the inactive-runner
+            # reaper retries the flush each tick; the live record stays meanwhile.
             log.error(
-                "live-log flush after force-delete failed",
-                exc_info=True,
+                "live-log flush after force-delete failed; the inactive-runner reaper retries it",
                 extra={"event": "reaper.force_delete.flush_failed", "run_id": str(failed)},
             )
     return failed
+
+
+_QUEUED_FLUSHES_SQL = "SELECT run_id FROM log_flush ORDER BY queued_at, run_id LIMIT %s"
+
+
+def flush_queued(counts: Counter[str], run_ids: list[uuid.UUID]) -> bool:
+    """Flush the live logs of queued runs (``LogFlush``); the rows of those flushed, or with nothing left to
+    flush, go. A run whose flush failed keeps its row (``flush_failed``) for the next try. True: none failed."""
+    flushed = flush_live_logs(run_ids)
+    for run_id, exc in flushed.failed.items():
+        log.warning("queued live-log flush failed; retried next tick", exc_info=exc,
+                    extra={"event": "reaper.queued_flush_failed", "run_id": str(run_id)})  # fmt: skip
+    done = [run_id for run_id in run_ids if run_id not in flushed.failed]
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM log_flush WHERE run_id = ANY(%s::uuid[])", [done])
+    counts["log_flushed"] += len(flushed.recorded)
+    counts["flush_failed"] += len(flushed.failed)
+    return not flushed.failed
+
+
+def _flush_queued_runs(sweep: _Sweep, *, batch_size: int, max_rows: int) -> None:
+    """Retry the queued flushes (force-deletes whose flush failed), oldest first, a batch at a time."""
+    done = 0
+    while done < max_rows:
+        with connection.cursor() as cur:
+            cur.execute(_QUEUED_FLUSHES_SQL, [min(batch_size, max_rows - done)])
+            ids = [row[0] for row in cur.fetchall()]
+        if not ids:
+            return
+        if not sweep.batch(partial(flush_queued, sweep.result.counts, ids)):
+            return  # storage (or Redis) is failing: the rest waits for the next tick
+        done += len(ids)

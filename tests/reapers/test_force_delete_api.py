@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import gzip
 import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 
+from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from gantry.core import services, tokens
-from gantry.core.models import Run, RunEvent, Runner, RunnerGroup, RunStatus, Stack
+from gantry.core.models import LogFlush, Run, RunEvent, Runner, RunnerGroup, RunStatus, Stack
+from gantry.logs import live
+from gantry.reapers.reapers import inactive_runners
 
 from .helpers import accepted, claim_at, claimable, deploy, log_manifest, reload, world
 
@@ -38,6 +43,7 @@ def test_it_fails_the_run_promotes_at_once_and_deletes_the_runner(
     assert reload(queued).status == RunStatus.PENDING  # at once, not after the execution timeout
     assert not Runner.objects.filter(id=runner_id).exists()
     assert log_manifest(run) == {"count": 0, "sha256": [], "lost": True}  # flushed: it never pushed a line
+    assert not LogFlush.objects.exists()  # flushed at once: nothing left queued
 
 
 def test_it_refuses_before_the_gate_and_says_when_it_becomes_eligible(
@@ -96,3 +102,44 @@ def test_it_answers_404_for_an_unknown_runner(owner_api: APIClient) -> None:
     response = owner_api.post(_url(uuid.uuid4()))
     assert (response.status_code, response.json()["code"]) == (404, "not_found")
     assert not Run.objects.exists()
+
+
+def test_a_flush_that_fails_at_the_force_delete_is_retried_by_the_inactive_runner_reaper(
+    owner_api: APIClient, stack: Stack, group: RunnerGroup, log_dir: Path, tmp_path: Path
+) -> None:
+    run, runner_id = accepted(stack, group, _ago(20))
+    assert live.store(run.id, chunk_index=0, sealed_chunks=0, data=gzip.compress(b"last words"))
+    broken = tmp_path / "not-a-folder"
+    broken.write_text("storage is down")  # the local store cannot make its folders under a file
+
+    with override_settings(GANTRY_LOG_DIR=str(broken)):
+        assert owner_api.post(_url(runner_id)).status_code == 204
+        # The runner row is gone; the queued flush is what keeps the log from being lost.
+        assert not Runner.objects.filter(id=runner_id).exists()
+        assert reload(run).status == RunStatus.FAILURE
+        assert log_manifest(run) is None
+        assert live.get(run.id) is not None
+        assert LogFlush.objects.filter(run_id=run.id).exists()
+        still_down = inactive_runners(now=timezone.now())
+    assert (still_down.counts["flush_failed"], still_down.counts["log_flushed"]) == (1, 0)
+    assert LogFlush.objects.filter(run_id=run.id).exists()
+
+    result = inactive_runners(now=timezone.now())  # storage back
+
+    assert (result.counts["flush_failed"], result.counts["log_flushed"]) == (0, 1)
+    assert not LogFlush.objects.exists()
+    manifest = log_manifest(run)
+    assert manifest is not None
+    assert manifest["count"] == 1
+    assert gzip.decompress((log_dir / f"runs/{run.id}/chunks/00000000.gz").read_bytes()) == b"last words"
+    assert live.get(run.id) is None
+
+
+def test_a_queued_flush_whose_run_is_gone_is_dropped(stack: Stack, group: RunnerGroup) -> None:
+    # Retention deleted the run (set-based) before the flush landed: nothing is left to flush.
+    LogFlush.objects.create(run_id=uuid.uuid4(), queued_at=timezone.now())
+
+    result = inactive_runners(now=timezone.now())
+
+    assert (result.counts["flush_failed"], result.counts["log_flushed"], result.counts["error"]) == (0, 0, 0)
+    assert not LogFlush.objects.exists()

@@ -24,6 +24,7 @@ from gantry.core.errors import GantryError, NotFound, RunnerBusy, RunnerHoldsRun
 from gantry.core.models import (
     EXECUTING,
     TERMINAL,
+    LogFlush,
     Run,
     RunEvent,
     Runner,
@@ -301,6 +302,9 @@ def runner_force_delete(
                 event="force_deleted",
                 now=now,
             )
+            # Its live log is flushed after commit; with the runner row gone,
+            # this row is what a failed flush is retried from (LogFlush).
+            LogFlush.objects.create(run_id=failed, queued_at=now)
         # The foreign key's SET NULL releases any run still pointing here. An
         # accept locks run then runner, the reverse of this; it cannot be in
         # flight for a runner offline past the gate while the gate is at least
