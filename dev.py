@@ -444,16 +444,17 @@ def processes(python: Path, port: int) -> list[tuple[str, list[str]]]:
     procs = [
         (
             "web",
-            # gthread: one process, many threads, so long polls that park a
-            # request do not take a whole worker each (docs/operations.md).
-            # No control socket: its default path is shared by every gunicorn
-            # of the user, and a second server (a test's) would take it over.
-            # Parked long polls answer at once on SIGTERM (gunicorn.conf.py,
-            # read from ROOT); the short graceful timeout is a backstop for
+            # Production's server mode (docs/operations.md, "Serving"), one
+            # worker: parked long polls hold no thread, and the runner's hot
+            # calls take the fast lane, so development runs what production
+            # runs. No control socket: its default path is shared by every
+            # gunicorn of the user, and a second server (a test's) would take
+            # it over. Parked long polls answer at once on SIGTERM (gantry.asgi
+            # chains its handler); the short graceful timeout is a backstop for
             # any other slow request. A cut poll is retried by its coordinator.
             [
-                *(str(python), "-m", "gunicorn", "gantry.wsgi", "-b", f"127.0.0.1:{port}"),
-                *("--threads", "16", "--worker-class", "gthread", "--no-control-socket"),
+                *(str(python), "-m", "gunicorn", "gantry.asgi", "-b", f"127.0.0.1:{port}"),
+                *("--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1", "--no-control-socket"),
                 *("--graceful-timeout", "5"),
             ],
         ),
