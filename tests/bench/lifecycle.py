@@ -85,6 +85,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_MODES: dict[str, str] = {
     "gthread": "gunicorn gantry.wsgi -b 127.0.0.1:{port} --worker-class gthread --workers 2 --threads 8",
     "asgi": "gunicorn gantry.asgi -b 127.0.0.1:{port} --worker-class uvicorn_worker.UvicornWorker --workers 2",
+    # The same, the lane's one-statement calls on the request threads as before
+    # they moved to the event loop (GANTRY_FAST_LANE_LOOP): for an A/B on one host.
+    "asgi-threads": "env GANTRY_FAST_LANE_LOOP=false gunicorn gantry.asgi -b 127.0.0.1:{port} "
+    "--worker-class uvicorn_worker.UvicornWorker --workers 2",
 }
 
 CALLS = ("poll", "ready", "accept", "status", "done", "deregister")
