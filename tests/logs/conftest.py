@@ -43,7 +43,9 @@ def bearer(token: str) -> APIClient:
 
 
 def gz(data: bytes | str) -> bytes:
-    return gzip.compress(data.encode() if isinstance(data, str) else data)
+    # mtime=0: gzip stamps the current second into its header, so two calls for the same text a second
+    # boundary apart gave different bytes (and hashes), and a test comparing them failed now and then.
+    return gzip.compress(data.encode() if isinstance(data, str) else data, mtime=0)
 
 
 def sha(data: bytes) -> str:
