@@ -21,7 +21,6 @@ trip only when its socket has something to read (a dropped one has).
 from __future__ import annotations
 
 import asyncio
-import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,6 +30,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from gantry.core import pool_check
 from gantry.env import envint
 
 # This loop's open pool (the fast path), and the task opening it (the first calls wait for it).
@@ -62,14 +62,8 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
 
 async def _check(conn: psycopg.AsyncConnection[Any]) -> None:
     """Raise when the connection is unusable; a round trip only when its socket is readable (pool_check's rule)."""
-    if not (conn.closed or conn.broken):
-        try:
-            readable, _, _ = select.select([conn.fileno()], [], [], 0)
-        except (OSError, ValueError):
-            readable = [True]
-        if not readable:
-            return
-    await AsyncConnectionPool.check_connection(conn)
+    if pool_check.needs_query(conn):
+        await AsyncConnectionPool.check_connection(conn)
 
 
 async def _pool() -> AsyncConnectionPool[Any]:

@@ -23,16 +23,24 @@ from django.db.backends.signals import connection_created
 from psycopg_pool import ConnectionPool
 
 
-def check_connection(conn: Any) -> None:
-    """Raise, as psycopg's own check does, when the connection is unusable; the query only on a readable socket."""
+def needs_query(conn: Any) -> bool:
+    """Whether the check must ask the server: the connection is closed or broken, or its socket is readable.
+
+    For a sync or an asyncio psycopg connection alike (gantry.api.lanedb's
+    pool checks its connections by the same rule).
+    """
     if conn.closed or conn.broken:
-        ConnectionPool.check_connection(conn)  # raises the pool's own error for it
-        return
+        return True  # the pool's own check raises its own error for it
     try:
         readable, _, _ = select.select([conn.fileno()], [], [], 0)
     except (OSError, ValueError):
-        readable = [True]
-    if readable:
+        return True
+    return bool(readable)
+
+
+def check_connection(conn: Any) -> None:
+    """Raise, as psycopg's own check does, when the connection is unusable; the query only on a readable socket."""
+    if needs_query(conn):
         ConnectionPool.check_connection(conn)
 
 

@@ -118,6 +118,11 @@ class Statement:
             conn.execute(self.prepare_sql)
             self._prepared_on[conn] = True
 
+    async def aensure_prepared(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if conn not in self._prepared_on:
+            await conn.execute(self.prepare_sql)
+            self._prepared_on[conn] = True
+
     def forget(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         self._prepared_on.pop(conn, None)
 
@@ -277,9 +282,7 @@ async def arun_script(conn: psycopg.AsyncConnection[Any], script: Script) -> Row
 
 async def _arun(conn: psycopg.AsyncConnection[Any], script: Script) -> Rows:
     for statement, _ in script.steps:
-        if conn not in statement._prepared_on:
-            await conn.execute(statement.prepare_sql)
-            statement._prepared_on[conn] = True
+        await statement.aensure_prepared(conn)
     own = script.transaction
     text, skip = _script_text(conn, script.steps, own=own, synchronous_commit=script.synchronous_commit)
     out: Rows = []

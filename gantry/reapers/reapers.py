@@ -441,18 +441,17 @@ def force_delete_runner(*, runner_id: uuid.UUID, by: User | None = None, now: da
     failed = services.runner_force_delete(runner_id=runner_id, by=by, now=now)
     metrics.record_reaped("force_delete", {"runner_deleted": 1, "run_failed": int(failed is not None)})
     if failed is not None:
-        counts: Counter[str] = Counter()
+        error: Exception | None = None
         try:
-            flush_queued(counts, [failed])
-        except Exception:  # Redis or the database failing: the same retry as a failed storage write
-            log.warning("live-log flush after force-delete failed", exc_info=True,
-                        extra={"event": "reaper.force_delete.flush_error", "run_id": str(failed)})  # fmt: skip
-            counts["flush_failed"] += 1
-        if counts["flush_failed"]:
+            flushed = flush_queued(Counter(), [failed])
+        except Exception as exc:  # Redis or the database failing: the same retry as a failed storage write
+            flushed, error = False, exc
+        if not flushed:
             # The service queued the run (LogFlush): the inactive-runner
             # reaper retries the flush each tick; the live record stays meanwhile.
             log.error(
                 "live-log flush after force-delete failed; the inactive-runner reaper retries it",
+                exc_info=error,
                 extra={"event": "reaper.force_delete.flush_failed", "run_id": str(failed)},
             )
     return failed

@@ -91,10 +91,6 @@ def ready_plan(
     return bool(rows)
 
 
-def ready(*, runner_id: uuid.UUID, group_id: int | None, metadata: Mapping[str, Any], now: datetime) -> bool:
-    return prepared.drive(ready_plan(runner_id=runner_id, group_id=group_id, metadata=metadata, now=now))
-
-
 # ---------------------------------------------------------------- status
 
 # The runner's /status in one statement, its authentication folded in: does
@@ -137,12 +133,6 @@ def status_plan(
     args = {"runner": runner_id, "grp": group_id, "run": run_id, "bound": bound, "now": now}
     ((row,),) = yield prepared.Script([(STATUS, args)], synchronous_commit=False)
     return bool(row[0]), row[1]
-
-
-def status(
-    *, runner_id: uuid.UUID, group_id: int | None, run_id: uuid.UUID, bound: bool, now: datetime
-) -> tuple[bool, str | None]:
-    return prepared.drive(status_plan(runner_id=runner_id, group_id=group_id, run_id=run_id, bound=bound, now=now))
 
 
 def seen(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime) -> str | None:
@@ -352,5 +342,4 @@ def finish_plan(
     return prepared.instance(Run, rows[0]) if rows else None
 
 
-__all__ = ["EXECUTING", "accept_plan", "deregister_plan", "finish_plan", "ready", "ready_plan", "status",
-           "status_plan"]  # fmt: skip
+__all__ = ["EXECUTING", "accept_plan", "deregister_plan", "finish_plan", "ready_plan", "status_plan"]

@@ -87,7 +87,8 @@ def ready_hot(*, runner_id: uuid.UUID, runner_group_id: int | None, metadata: di
     False changed nothing: the runner is ready already, busy, gone, or not of
     ``runner_group_id`` (None: not checked), and :func:`runner_ready` says which.
     """
-    return hotpath.ready(runner_id=runner_id, group_id=runner_group_id, metadata=_metadata(metadata), now=now)
+    return prepared.drive(ready_hot_plan(runner_id=runner_id, runner_group_id=runner_group_id, metadata=metadata,
+                                         now=now))  # fmt: skip
 
 
 def ready_hot_plan(
@@ -120,9 +121,8 @@ def runner_status(
     the run's status (None: no such run). Unbound or for a runner that is gone,
     it writes nothing.
     """
-    return hotpath.status(
-        runner_id=runner_id, group_id=runner_group_id, run_id=run_id, bound=bound, now=resolve_now(now)
-    )
+    return prepared.drive(runner_status_plan(runner_id=runner_id, runner_group_id=runner_group_id, run_id=run_id,
+                                             bound=bound, now=resolve_now(now)))  # fmt: skip
 
 
 def runner_status_plan(
