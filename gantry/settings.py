@@ -228,8 +228,8 @@ SPECTACULAR_SETTINGS = {
         "RunnerStatusEnum": "gantry.core.models.RunnerStatus",
         "RoleEnum": "gantry.core.models.Role",
         "GroupKindEnum": "gantry.core.models.GroupKind",
-        "StopReasonEnum": "gantry.core.services.runners.STOP_REASONS",
-        "WorkerStateEnum": "gantry.core.services.runners.WORKER_STATES",
+        "StopReasonEnum": "gantry.reapers.reconcile.STOP_REASONS",
+        "WorkerStateEnum": "gantry.reapers.reconcile.WORKER_STATES",
     },
 }
 

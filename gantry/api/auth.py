@@ -18,8 +18,11 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from gantry.core import prepared, tokens
+from gantry.core import tokens
 from gantry.core.models import Membership, Organization, Role, Runner, RunnerGroup
+from gantry.sql import auth as sql
+from gantry.sql.rows import instance, loaded, width
+from gantry.sql.statement import Statement, fetchone
 
 
 @dataclass
@@ -75,10 +78,10 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
 
     def _runner(self, claims: tokens.Claims) -> RunnerPrincipal:
         runner_id, run_id, group_id = runner_claims(claims)
-        row = prepared.fetchone(_RUNNER, {"runner": runner_id, "group": group_id})
+        row = fetchone(sql.RUNNER, {"runner": runner_id, "group": group_id})
         if row is None:
             raise exceptions.AuthenticationFailed("runner no longer exists")
-        return RunnerPrincipal(runner=prepared.instance(Runner, row), run_id=run_id)
+        return RunnerPrincipal(runner=instance(Runner, row), run_id=run_id)
 
     def _runner_unchecked(self, claims: tokens.Claims) -> RunnerPrincipal:
         """For a route whose own statement checks the runner row (``/status``): one round trip instead of two.
@@ -92,7 +95,7 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         runner_id, run_id, group_id = runner_claims(claims)
         if group_id is None:
             raise exceptions.AuthenticationFailed("runner no longer exists")  # no runner is in no group
-        runner = prepared.loaded(Runner, id=runner_id, runner_group_id=group_id)
+        runner = loaded(Runner, id=runner_id, runner_group_id=group_id)
         return RunnerPrincipal(runner=runner, run_id=run_id, row_checked=False)
 
     def authenticate_header(self, request: Request) -> str:
@@ -100,30 +103,14 @@ class BearerJWTAuthentication(authentication.BaseAuthentication):
         return self.keyword
 
 
-# One indexed read per call (the primary key), prepared once per database
-# session: the ORM's select_related built and compiled this join on every
-# runner call, 34% of the lifecycle's Python time (docs/performance.md).
-_GROUP = prepared.Statement(
-    "auth_group",
-    f"SELECT {prepared.columns(RunnerGroup, 'g')}, {prepared.columns(Organization, 'o')} "
-    "FROM runner_group g JOIN organization o ON o.id = g.organization_id WHERE g.id = %(group)s",
-    [("group", "bigint")],
-)
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 _GROUP_VERSION = [f.attname for f in RunnerGroup._meta.concrete_fields].index("token_version")
-# The runner row only: runner views use its id, and anything reaching for
-# runner.runner_group still gets it (one lazy read, off the hot path).
-_RUNNER = prepared.Statement(
-    "auth_runner",
-    f"SELECT {prepared.columns(Runner)} FROM runner WHERE id = %(runner)s AND runner_group_id = %(group)s",
-    [("runner", "uuid"), ("group", "bigint")],
-)
 
 
 def token_group(claims: tokens.Claims) -> RunnerGroup:
     """The group of a verified group token, its organization loaded along (one read); revoked or gone: a 401."""
     group_id = _group_id(claims)
-    return group_of_row(claims, prepared.fetchone(_GROUP, {"group": group_id}) if group_id is not None else None)
+    return group_of_row(claims, fetchone(sql.GROUP, {"group": group_id}) if group_id is not None else None)
 
 
 def _group_id(claims: tokens.Claims) -> int | None:
@@ -132,27 +119,27 @@ def _group_id(claims: tokens.Claims) -> int | None:
 
 
 def group_of_row(claims: tokens.Claims, row: Sequence[Any] | None) -> RunnerGroup:
-    """The group a group token names, from its row as :data:`_GROUP` reads it; revoked or gone: a 401."""
+    """The group a group token names, from its row as ``gantry.sql.auth.GROUP`` reads it; revoked or gone: a 401."""
     # A rotated token carries an old version: revoked at once, not at expiry.
     if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
         raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
-    group = prepared.instance(RunnerGroup, row)
+    group = instance(RunnerGroup, row)
     if "org" in claims.raw and claims.raw["org"] != group.organization_id:
         raise exceptions.AuthenticationFailed("runner group token names another organization")
     # As select_related("organization") did: the org is cached on the
     # group, so no code reaching for it (an async poll handler among them)
     # makes a query of its own.
-    group.organization = prepared.instance(Organization, row, prepared.width(RunnerGroup))
+    group.organization = instance(Organization, row, width(RunnerGroup))
     return group
 
 
-def group_check(claims: tokens.Claims) -> tuple[RunnerGroup, tuple[prepared.Statement, dict[str, Any]]] | None:
+def group_check(claims: tokens.Claims) -> tuple[RunnerGroup, tuple[Statement, dict[str, Any]]] | None:
     """For a token that names its org: a stand-in group (id and org) and the read that proves it, to be sent
     with the caller's own statement and judged by :func:`group_of_row`; None: the token must be read first."""
     group_id, org = _group_id(claims), claims.raw.get("org")
     if group_id is None or not isinstance(org, int) or isinstance(org, bool) or not _BIGINT_MIN <= org <= _BIGINT_MAX:
         return None
-    return prepared.loaded(RunnerGroup, id=group_id, organization_id=org), (_GROUP, {"group": group_id})
+    return loaded(RunnerGroup, id=group_id, organization_id=org), (sql.GROUP, {"group": group_id})
 
 
 def runner_claims(claims: tokens.Claims) -> tuple[uuid.UUID, uuid.UUID, int | None]:

@@ -52,15 +52,16 @@ from rest_framework.views import APIView
 
 from gantry.api import fastbody, lanedb, runner_views
 from gantry.api.auth import group_check, group_of_row, runner_claims, token_group
-from gantry.core import prepared, services, tokens
+from gantry.core import services, tokens
 from gantry.core.errors import GantryError
-from gantry.core.models import GroupKind
+from gantry.core.models import GroupKind, RunnerStatus
 from gantry.dispatch import asyncpoll
 from gantry.dispatch import claim as dispatch
 from gantry.env import envbool
 from gantry.logs import live as live_logs
 from gantry.logs import services as log_services
 from gantry.logs import views as log_views
+from gantry.sql import statement as prepared
 from gantry.web.http_metrics import REQUEST_SECONDS
 
 log = logging.getLogger("gantry.api")
@@ -377,8 +378,8 @@ def _status(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, run_id, group_id = _runner_token(call)
     if call.ids["run_id"] != run_id:
         return None
-    found, run_status = yield from services.runner_status_plan(runner_id=runner_id, runner_group_id=group_id,
-                                                               run_id=run_id, bound=True, now=_now())  # fmt: skip
+    found, run_status = yield from services.status_plan(runner_id=runner_id, group_id=group_id, run_id=run_id,
+                                                        bound=True, now=_now())  # fmt: skip
     if not found or run_status is None:
         return None  # wrote nothing: the runner or the run is gone
     return STATUS.answer(200, JSONRenderer().render(runner_views.status_answer(run_status)))
@@ -389,9 +390,9 @@ def _ready(call: Call) -> prepared.Plan[Answer | None]:
     data = _json_body(call, fastbody.ready)
     if call.ids["runner_id"] != runner_id or data is None:
         return None
-    if not (yield from services.ready_hot_plan(runner_id=runner_id, runner_group_id=group_id, metadata=data,
-                                               now=_now())):  # fmt: skip
-        return None  # ready already (a replay), busy, or gone: the view's path
+    status = yield from services.ready_plan(runner_id=runner_id, group_id=group_id, metadata=data, now=_now())
+    if status is None or status == RunnerStatus.BUSY:
+        return None  # busy, or gone: the view's path names the refusal
     return READY.answer(204)
 
 
@@ -399,9 +400,8 @@ def _accept(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, run_id, group_id = _runner_token(call)
     if call.ids["run_id"] != run_id:
         return None
-    accepted = yield from services.accept_hot_plan(run_id=run_id, runner_id=runner_id, runner_group_id=group_id,
-                                                   now=_now())  # fmt: skip
-    if accepted is None:
+    accepted = yield from services.accept_plan(run_id=run_id, runner_id=runner_id, group_id=group_id, now=_now())
+    if isinstance(accepted, services.Refused):
         return None
     run, api_token = accepted
     return ACCEPT.answer(200, JSONRenderer().render(runner_views.accept_answer(run, api_token)))
@@ -412,12 +412,12 @@ def _done(call: Call) -> prepared.Plan[Answer | None]:
     data = _json_body(call, fastbody.done)
     if call.ids["run_id"] != run_id or data is None:
         return None
-    done = yield from services.finish_hot_plan(
-        run_id=run_id, runner_id=runner_id, runner_group_id=group_id, outcome=data["outcome"],
+    done = yield from services.finish_plan(
+        run_id=run_id, runner_id=runner_id, group_id=group_id, outcome=data["outcome"],
         exit_code=data.get("exit_code"), error=data.get("error", ""), sealed_chunks=data.get("sealed_chunks"),
         manifest=data.get("manifest"), now=_now(),
     )  # fmt: skip
-    if done is None:
+    if isinstance(done, services.Refused):
         return None  # a replay, a refusal: the view's path names it
     live_logs.delete_soon(run_id)
     return DONE.answer(204)
@@ -437,7 +437,8 @@ def _deregister(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, _, group_id = _runner_token(call)
     if call.ids["runner_id"] != runner_id:
         return None
-    if not (yield from services.deregister_hot_plan(runner_id=runner_id, runner_group_id=group_id, now=_now())):
+    _, _, gone = yield from services.deregister_plan(runner_id=runner_id, group_id=group_id, now=_now())
+    if not gone:
         return None
     return DEREGISTER.answer(204)
 

@@ -31,6 +31,7 @@ from gantry.dispatch import claim as dispatch
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS
+from gantry.reapers import reconcile
 
 # A reconcile report's bounds: workers per call, and an exited worker's last lines.
 RECONCILE_MAX_WORKERS = 1000
@@ -161,7 +162,7 @@ class DispatchFailedView(APIView):
 class WorkerReportSerializer(serializers.Serializer):
     run_id = serializers.UUIDField()
     runner_id = serializers.UUIDField()
-    state = serializers.ChoiceField(choices=services.WORKER_STATES)
+    state = serializers.ChoiceField(choices=reconcile.WORKER_STATES)
     exit_code = serializers.IntegerField(
         required=False, allow_null=True, min_value=-(2**31), max_value=2**31 - 1,
         help_text="An exited worker's exit code; negative: killed by that signal; null: unknown.",
@@ -190,7 +191,7 @@ class StopOrderSerializer(serializers.Serializer):
     run_id = serializers.UUIDField()
     runner_id = serializers.UUIDField()
     reason = serializers.ChoiceField(
-        choices=services.STOP_REASONS,
+        choices=reconcile.STOP_REASONS,
         help_text="run_terminal: the run ended without this worker; lease_lapsed: it never accepted and now "
         "never can; runner_gone: its runner row was deleted.",
     )
@@ -225,8 +226,8 @@ class ReconcileView(APIView):
     )
     def post(self, request: Request) -> Response:
         data = validated(ReconcileSerializer, request)
-        reports = [services.WorkerReport(**w) for w in data["workers"]]
-        result = services.group_reconcile(group=group_of(request).group, workers=reports)
+        reports = [reconcile.WorkerReport(**w) for w in data["workers"]]
+        result = reconcile.group_reconcile(group=group_of(request).group, workers=reports)
         answer = {
             "stop": [dataclasses.asdict(order) for order in result.stop],
             "retry": [{"run_id": w.run_id, "runner_id": w.runner_id} for w in result.retry],

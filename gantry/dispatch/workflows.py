@@ -38,8 +38,8 @@ from django.db import connection
 from gantry import conf
 from gantry.core import services
 from gantry.core.models import RunnerGroup
-from gantry.core.services.runners import holds_run_sql
 from gantry.logs import flush_live_log
+from gantry.sql.runners import holds_run
 from launchers.github_actions import GitHubActionsLauncher
 from launchers.github_actions.api import GitHubApi, GitHubError
 
@@ -55,7 +55,7 @@ RELEASABLE_SQL = f"""
 SELECT rn.id, rn.workflow_run_id, rn.runner_group_id FROM runner rn
 JOIN runner_group g ON g.id = rn.runner_group_id
 WHERE g.kind = 'github_actions' AND rn.status IN ('not_ready', 'ready') AND rn.dispatched_at IS NOT NULL
-  AND NOT {holds_run_sql("rn.id")}
+  AND NOT {holds_run("rn.id")}
 ORDER BY rn.created_at, rn.id
 LIMIT %(limit)s
 """

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from gantry.core.manifest import MAX_CHUNKS
 from runners.protocol import CHUNK_SIZE, SEAL_INTERVAL
 
 __all__ = [
@@ -26,11 +27,6 @@ CHUNK_GZIP_MAX = 2 * CHUNK_SIZE
 # Decompressed size past which a chunk is treated as corrupt: a 2 MiB gzip can
 # expand to gigabytes, and the reader must never do that.
 CHUNK_TEXT_MAX = 16 * CHUNK_SIZE
-# Chunk numbers run 0..MAX_CHUNKS-1. A chunk seals at 1 MiB or 30 s, so this is
-# 32 GiB of output or eleven days of a trickle, far past GANTRY_LOG_MAX_BYTES
-# and the longest spec timeout (7 days); it also bounds the manifest kept on
-# the run row (~2 MB of hashes at worst).
-MAX_CHUNKS = 32768
 # Most log bytes one GET /runs/{id}/logs answers; a longer log is read in pages.
 PAGE_BYTES = 1024 * 1024
 # How long a handed-out upload URL (S3 or Gantry's own) stays valid.

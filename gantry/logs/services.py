@@ -17,14 +17,15 @@ from typing import Any
 import redis
 from django.db import connection
 
-from gantry.core import prepared
 from gantry.core.errors import ChunkExists, Conflict, InvalidRequest, NotFound, RunTerminal
-from gantry.core.models import EXECUTING, TERMINAL, Run
+from gantry.core.manifest import is_sha256
+from gantry.core.models import TERMINAL, Run
 from gantry.logs import live
 from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS
-from gantry.logs.manifest import is_sha256
 from gantry.logs.reader import ChunkIndex, gunzip
 from gantry.logs.storage import LocalStorage, LogStorage, PresignedPut, UploadGrant, get_storage
+from gantry.sql import logs as sql
+from gantry.sql.statement import fetchone
 
 log = logging.getLogger("gantry.logs")
 
@@ -32,22 +33,9 @@ log = logging.getLogger("gantry.logs")
 FLUSH_THREADS = 16
 
 
-# A live push comes every few seconds from every running runner: its check is
-# one prepared EXECUTE, not an ORM query compiled per push (docs/performance.md,
-# "Runner routes"). The statuses are literals, so the plan is fixed.
-_HELD = prepared.Statement(
-    "log_held",
-    "SELECT EXISTS (SELECT 1 FROM run WHERE id = %(run)s AND assigned_runner_id = %(runner)s AND status IN ("
-    + ", ".join(f"'{status}'" for status in sorted(EXECUTING))
-    + ") AND (%(grp)s::bigint IS NULL"
-    " OR EXISTS (SELECT 1 FROM runner g WHERE g.id = %(runner)s AND g.runner_group_id = %(grp)s)))",
-    [("run", "uuid"), ("runner", "uuid"), ("grp", "bigint")],
-)
-
-
 def _held(run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None = None) -> bool:
     """The runner (of ``runner_group_id``, when given) is executing the run (accepted, not finished)."""
-    row = prepared.fetchone(_HELD, {"run": run_id, "runner": runner_id, "grp": runner_group_id})
+    row = fetchone(sql.HELD, {"run": run_id, "runner": runner_id, "grp": runner_group_id})
     return bool(row and row[0])
 
 

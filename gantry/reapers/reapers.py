@@ -46,12 +46,12 @@ from django.db import connection, transaction
 
 from gantry import conf, metrics
 from gantry.core import services
-from gantry.core.models import EXECUTING, RunStatus
+from gantry.core.models import EXECUTING
 from gantry.core.services import bulk
-from gantry.core.services.runners import holds_run_sql
 from gantry.logs import flush_live_logs, start_flush
 from gantry.logs.services import PendingFlush
 from gantry.reapers import stubs
+from gantry.sql.runners import holds_run
 
 log = logging.getLogger("gantry.reapers")
 _T = TypeVar("_T")
@@ -305,7 +305,7 @@ ORDER BY assigned_runner_id, started_at DESC
 
 # Deregister's own statement (``services.runner_deregister``) for a batch.
 _DELETE_RUNNERS_SQL = (
-    f"DELETE FROM runner r WHERE r.id = ANY(%(ids)s::uuid[]) AND NOT {holds_run_sql('r.id')} RETURNING r.id"
+    f"DELETE FROM runner r WHERE r.id = ANY(%(ids)s::uuid[]) AND NOT {holds_run('r.id')} RETURNING r.id"
 )
 
 
@@ -336,12 +336,8 @@ def _fail_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: 
         executing = [(runner, run) for runner, (run, status) in accepted.items() if status in EXECUTING]
         moved: list[bulk.Moved] = []
         if executing:
-            moved = bulk.terminate_batch(
+            moved = bulk.lose_runs(
                 [run for _, run in executing],
-                expected=EXECUTING,
-                target=RunStatus.FAILURE,
-                guard="TRUE",
-                event="runner_lost",
                 reasons=[
                     f"runner lost: runner {runner} has not polled its run's status since {seen[runner].isoformat()}"
                     for runner, _ in executing

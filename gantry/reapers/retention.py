@@ -45,11 +45,12 @@ from django.db import connection, connections, transaction
 
 from gantry import conf
 from gantry.core.models import TERMINAL
-from gantry.core.services.bulk import literals
 from gantry.logs import live
 from gantry.logs.reader import INDEX_KEY
 from gantry.logs.storage import get_storage
 from gantry.redis import client as redis_client
+from gantry.sql import literals
+from gantry.sql.runs import newer_attempt
 
 _T = TypeVar("_T")
 Batch = Callable[[Callable[[], _T]], _T | None]
@@ -75,8 +76,8 @@ WITH doomed AS (
     SELECT run.id, run.started_at FROM run
     WHERE run.id = ANY(%(ids)s::uuid[]) AND run.status IN ({literals(TERMINAL)})
       AND run.finished_at < %(cutoff)s
-      AND EXISTS (SELECT 1 FROM run newer
-                  WHERE newer.deployment_id = run.deployment_id AND newer.attempt > run.attempt)
+      -- never a deployment's newest run: the deployment follows it
+      AND {newer_attempt("run")}
     FOR UPDATE OF run SKIP LOCKED
 ),
 events AS (DELETE FROM run_event WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),

@@ -2,7 +2,7 @@
 
 It lives beside the reapers that run it (``reapers.inactive_runners``); the
 "still holds a run" test it shares with deregister is
-``gantry.core.services.runners.holds_run_sql``.
+``gantry.sql.runners.holds_run``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from django.db import connection
 
-from gantry.core.services.runners import holds_run_sql
+from gantry.sql.runners import holds_run
 
 # The stub reaper's statement, one batch at a time. A stub (never accepted)
 # past the cutoff can no longer accept: its claim's lease started when the
@@ -49,7 +49,7 @@ deleted AS (
 )
 SELECT c.created_at, c.id, d.id IS NOT NULL FROM candidate c LEFT JOIN deleted d ON d.id = c.id
 ORDER BY c.created_at, c.id
-""".format(holds_run=holds_run_sql("r.id"))
+""".format(holds_run=holds_run("r.id"))
 
 
 class StubBatch(NamedTuple):

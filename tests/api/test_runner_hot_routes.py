@@ -35,6 +35,7 @@ from gantry.api.runner_views import (
 from gantry.core import services, tokens
 from gantry.core.models import Deployment, Run, RunEvent, Runner, RunnerGroup, RunToken, Stack
 from gantry.dispatch.claim import Claim
+from gantry.sql import statement
 
 
 def _bearer(token: str) -> APIClient:
@@ -404,8 +405,8 @@ def test_the_hot_edges_change_nothing_for_a_runner_of_another_group(
     group: RunnerGroup, stack: Stack, globex: Any
 ) -> None:
     # gantry.api.fastlane skips the separate authentication read: each edge's
-    # own statement checks the token's group, and refuses (None/False) with
-    # nothing written when the runner is not of it.
+    # own statement checks the token's group, and refuses with nothing written
+    # when the runner is not of it.
     from django.utils import timezone
 
     other, _ = services.runner_group_create(org=globex, name="other")
@@ -414,29 +415,38 @@ def test_the_hot_edges_change_nothing_for_a_runner_of_another_group(
     run, runner = uuid.UUID(run_id), uuid.UUID(runner_id)
     now = timezone.now()
 
-    assert services.ready_hot(runner_id=runner, runner_group_id=other.id, metadata={"hostname": "x"}, now=now) is False
+    def drive(plan: Any) -> Any:
+        return statement.drive(plan)
+
+    ready = {"metadata": {"hostname": "x"}, "now": now}
+    assert drive(services.ready_plan(runner_id=runner, group_id=other.id, **ready)) is None
     assert Runner.objects.get(id=runner).status == "not_ready"
-    assert services.ready_hot(runner_id=runner, runner_group_id=group.id, metadata={"hostname": "h"}, now=now) is True
+    assert drive(services.ready_plan(runner_id=runner, group_id=group.id, metadata={"hostname": "h"}, now=now)) == (
+        "not_ready"  # the state it judged
+    )
     assert Runner.objects.get(id=runner).hostname == "h"
 
-    assert services.accept_hot(run_id=run, runner_id=runner, runner_group_id=other.id, now=now) is None
+    refused = drive(services.accept_plan(run_id=run, runner_id=runner, group_id=other.id, now=now))
+    assert isinstance(refused, services.Refused)
+    assert refused.state.refused == "group"
     assert Run.objects.get(id=run).status == "assigned"
     assert not RunToken.objects.filter(run_id=run).exists()
-    accepted = services.accept_hot(run_id=run, runner_id=runner, runner_group_id=group.id, now=now)
-    assert accepted is not None
+    accepted = drive(services.accept_plan(run_id=run, runner_id=runner, group_id=group.id, now=now))
+    assert not isinstance(accepted, services.Refused)
     assert accepted[0].status == "running"
 
-    done = {"outcome": "succeeded", "exit_code": 0}
-    assert services.finish_hot(run_id=run, runner_id=runner, runner_group_id=other.id, now=now, **done) is None
+    done = {"outcome": "succeeded", "exit_code": 0, "error": "", "sealed_chunks": None, "manifest": None, "now": now}
+    refused = drive(services.finish_plan(run_id=run, runner_id=runner, group_id=other.id, **done))
+    assert isinstance(refused, services.Refused)
     assert Run.objects.get(id=run).status == "running"
     assert not RunEvent.objects.filter(run_id=run, kind="finished").exists()
-    finished = services.finish_hot(run_id=run, runner_id=runner, runner_group_id=group.id, now=now, **done)
-    assert finished is not None
+    finished = drive(services.finish_plan(run_id=run, runner_id=runner, group_id=group.id, **done))
+    assert not isinstance(finished, services.Refused)
     assert finished.status == "succeeded"
 
-    assert services.deregister_hot(runner_id=runner, runner_group_id=other.id, now=now) is False
+    assert drive(services.deregister_plan(runner_id=runner, group_id=other.id, now=now)) == (False, False, False)
     assert Runner.objects.filter(id=runner).exists()
-    assert services.deregister_hot(runner_id=runner, runner_group_id=group.id, now=now) is True
+    assert drive(services.deregister_plan(runner_id=runner, group_id=group.id, now=now)) == (True, False, True)
     assert not Runner.objects.filter(id=runner).exists()
 
 

@@ -1,7 +1,7 @@
 """The fast lane's one-statement calls on the event loop (gantry.api.lanedb, GANTRY_FAST_LANE_LOOP).
 
 Under gantry.asgi, status, ready, accept, done and deregister run their plans
-(gantry.core.prepared) on asyncio connections of the loop's own pool instead
+(gantry.sql.statement) on asyncio connections of the loop's own pool instead
 of on a request thread. The same plans run on Django's connection there and
 in every sync caller; these tests hold the two drivers to the same answers and
 the same writes, and the loop's pool to its failure rules: a database error
@@ -25,8 +25,8 @@ from prometheus_client import REGISTRY
 
 from gantry.api import fastlane, lanedb
 from gantry.core.models import Organization, Run, Runner, RunStatus
-from gantry.core.services import hotpath
 from gantry.dispatch.claim import Claim, claim
+from gantry.sql import runners as runner_sql
 from tests.asgi.server import asgi_server
 from tests.asgi.test_fast_lane import call, group_token, lifecycle, linux, served, shape
 from tests.dispatch.helpers import deploy, make_stack
@@ -226,5 +226,5 @@ def test_a_call_on_the_loop_is_one_message_and_a_healthy_connection_leaves_the_p
     # The pool's check sent nothing (the socket had nothing to read); the call, one simple-query message.
     assert [kind for kind, _ in sent] == ["Query"], sent
     assert re.fullmatch(
-        rf'"BEGIN; SET LOCAL synchronous_commit = off; EXECUTE {hotpath.STATUS.name} \(.*\); COMMIT"', sent[0][1]
+        rf'"BEGIN; SET LOCAL synchronous_commit = off; EXECUTE {runner_sql.STATUS.name} \(.*\); COMMIT"', sent[0][1]
     ), sent

@@ -555,19 +555,23 @@ class Variant:
         from gantry import conf
         from gantry.core import tokens
         from gantry.dispatch import throttle
-        from gantry.dispatch.claim import _EXECUTE_SQL, _consume_dispatch_token, _ensure_prepared
+        from gantry.dispatch.claim import _consume_dispatch_token
+        from gantry.sql.claim import CLAIM
+        from gantry.sql.statement import execute_text
 
         def run(group: RunnerGroup) -> uuid.UUID | None:
             now = timezone.now()
             runner_id = uuid.uuid4()
             expires = now + timedelta(seconds=conf.get().assignment_ttl)
-            args = (now, group.id, group.organization_id, runner_id, expires, None, None)
+            args = {"now": now, "grp": group.id, "org": group.organization_id, "runner": runner_id,
+                    "expires": expires, "version": None, "rate": None}  # fmt: skip
             connection.ensure_connection()
             conn = connection.connection
-            _ensure_prepared(conn)
+            CLAIM.ensure_prepared(conn)
+            execute = execute_text(CLAIM, args, conn)
             if self.transaction == "token after commit":
                 with psycopg.ClientCursor(conn) as cur:
-                    row = cur.execute(_EXECUTE_SQL, args).fetchone()
+                    row = cur.execute(execute).fetchone()
                 if row is None:
                     return None
                 outcome = _consume_dispatch_token(
@@ -575,7 +579,7 @@ class Variant:
                 )
             elif self.transaction == "durable commit":
                 with psycopg.ClientCursor(conn) as cur:
-                    cur.execute("BEGIN; " + _EXECUTE_SQL, args)
+                    cur.execute("BEGIN; " + execute)
                     cur.nextset()
                     row = cur.fetchone()
                     if row is None:
@@ -591,7 +595,7 @@ class Variant:
                 conn.commit()
             else:
                 with transaction.atomic(), psycopg.ClientCursor(conn) as cur:
-                    row = cur.execute(_EXECUTE_SQL, args).fetchone()
+                    row = cur.execute(execute).fetchone()
                     if row is None:
                         return None
                     outcome = _consume_dispatch_token(
@@ -626,16 +630,19 @@ def explain_claim(case: Case) -> list[str]:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from gantry.dispatch.claim import _EXECUTE_SQL, _ensure_prepared
+    from gantry.sql.claim import CLAIM
+    from gantry.sql.statement import execute_text
 
     lines: list[str] = []
     connection.ensure_connection()
-    _ensure_prepared(connection.connection)
+    CLAIM.ensure_prepared(connection.connection)
     for _ in range(7):  # the last one is shown
         now = timezone.now()
-        args = (now, case.group.id, case.group.organization_id, uuid.uuid4(), now + timedelta(minutes=5), None, None)
+        args = {"now": now, "grp": case.group.id, "org": case.group.organization_id, "runner": uuid.uuid4(),
+                "expires": now + timedelta(minutes=5), "version": None, "rate": None}  # fmt: skip
+        execute = execute_text(CLAIM, args, connection.connection)
         with transaction.atomic(), psycopg.ClientCursor(connection.connection) as cur:
-            lines = [row[0] for row in cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + _EXECUTE_SQL, args).fetchall()]
+            lines = [row[0] for row in cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + execute).fetchall()]
             transaction.set_rollback(True)
     return lines
 

@@ -1,4 +1,4 @@
-"""The hot runner edges' round trips (gantry/core/services/hotpath.py, docs/performance.md "Runner routes").
+"""The hot runner edges' round trips (gantry/sql/runs.py and runners.py, docs/performance.md "Runner routes").
 
 Read from libpq's own protocol trace of the test's connection, as
 tests/dispatch/test_claim_transaction.py does for the claim: once the
@@ -18,8 +18,9 @@ import pytest
 from gantry.api.auth import BearerJWTAuthentication
 from gantry.core import services, tokens
 from gantry.core.models import Organization, Run, RunnerGroup, RunStatus
-from gantry.core.services import hotpath
 from gantry.dispatch.claim import claim, forget_taken_ahead
+from gantry.sql import runners as runner_sql
+from gantry.sql import runs as run_sql
 from tests.dispatch.helpers import deploy, make_group, make_stack
 from tests.dispatch.test_claim_transaction import in_transaction, wire
 
@@ -63,7 +64,7 @@ def test_it_answers_status_in_one_message_without_waiting_for_the_flush(acme: Or
     assert (found, status) == (True, RunStatus.RUNNING)
     assert _round_trips(sent) == 1, sent
     assert re.fullmatch(
-        rf'"BEGIN; SET LOCAL synchronous_commit = off; EXECUTE {hotpath.STATUS.name} \(.*\); COMMIT"', sent[0][1]
+        rf'"BEGIN; SET LOCAL synchronous_commit = off; EXECUTE {runner_sql.STATUS.name} \(.*\); COMMIT"', sent[0][1]
     ), sent
     assert not in_transaction()
 
@@ -79,7 +80,7 @@ def test_it_accepts_in_one_round_trip(acme: Organization) -> None:
     assert accepted.status == RunStatus.RUNNING
     assert accepted.deployment.spec == Run.objects.get(id=run.id).deployment.spec
     assert _round_trips(sent) == 1, sent
-    assert sent[0][1].startswith(f'"EXECUTE {hotpath.ACCEPT.name} ('), sent  # its own transaction: no BEGIN
+    assert sent[0][1].startswith(f'"EXECUTE {run_sql.MOVES_ONE["accept"].name} ('), sent  # its own transaction
 
 
 def test_it_finishes_a_run_in_one_round_trip(acme: Organization) -> None:
@@ -91,7 +92,8 @@ def test_it_finishes_a_run_in_one_round_trip(acme: Organization) -> None:
         done = services.run_finish(run_id=run, runner_id=runner, outcome="failure", exit_code=3)
     assert (done.status, done.exit_code) == (RunStatus.FAILURE, 3)
     assert _round_trips(sent) == 1, sent
-    assert sent[0][1].startswith('"BEGIN; EXECUTE gantry_done_lock_')
+    assert sent[0][1].startswith(f'"BEGIN; EXECUTE {run_sql.LOCK_STACK.name} (')
+    assert f"EXECUTE {run_sql.MOVES_ONE['finish'].name} (" in sent[0][1]
     assert sent[0][1].endswith('; COMMIT"')
     assert not in_transaction()
 

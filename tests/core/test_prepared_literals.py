@@ -1,7 +1,7 @@
-"""The EXECUTE literals of gantry.core.prepared: each value reads back as psycopg's own binding would send it.
+"""The EXECUTE literals of gantry.sql.statement: each value reads back as psycopg's own binding would send it.
 
 Against the test PostgreSQL: every case is selected twice, once written by
-``prepared.literal`` and once bound by psycopg, and the two answers must be
+``statement.literal`` and once bound by psycopg, and the two answers must be
 equal (and equal to the value).
 """
 
@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from gantry.core import prepared
+from gantry.sql import statement as prepared
 
 pytestmark = pytest.mark.django_db
 

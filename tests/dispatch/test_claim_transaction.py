@@ -25,7 +25,8 @@ from psycopg import pq
 from gantry.core import services
 from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus, Stack
 from gantry.dispatch import throttle
-from gantry.dispatch.claim import STATEMENT_NAME, claim
+from gantry.dispatch.claim import claim
+from gantry.sql.claim import CLAIM
 from tests.dispatch.helpers import deploy, make_group, make_stack
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_buckets")]
@@ -83,9 +84,9 @@ def test_a_won_claim_is_one_message_for_begin_and_claim_then_one_commit(acme: Or
     assert won is not None
     assert won.run_id == run.id
     assert [kind for kind, _ in sent] == ["Query", "Query"], sent  # no BEGIN of its own, no Parse/Bind
-    assert re.fullmatch(rf'"BEGIN; SET LOCAL synchronous_commit = off; EXECUTE {STATEMENT_NAME} \(.*\)"', sent[0][1]), (
-        sent[0]
-    )
+    assert re.fullmatch(rf'"BEGIN; SET LOCAL synchronous_commit = off; EXECUTE {CLAIM.name} \(.*\)"', sent[0][1]), sent[
+        0
+    ]
     assert sent[1][1] == '"COMMIT"'
     assert not in_transaction()
     # Committed: another connection sees the assignment and the stub.

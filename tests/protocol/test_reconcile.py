@@ -19,9 +19,10 @@ from rest_framework.test import APIClient
 
 from gantry.core import services, tokens
 from gantry.core.models import Organization, RunEvent, Runner, RunnerGroup, RunStatus, Stack
-from gantry.core.services import WorkerReport
 from gantry.logs import live
 from gantry.logs.reader import lost_line, read_log
+from gantry.reapers import reconcile as settle
+from gantry.reapers.reconcile import WorkerReport
 from tests.core.drive import Driven, deploy, drive, event_kinds, lease, reload
 from tests.reapers.helpers import world
 
@@ -43,11 +44,11 @@ def report(d: Driven, state: str, **extra: Any) -> WorkerReport:
     return WorkerReport(run_id=d.run.id, runner_id=d.runner.id, state=state, **extra)
 
 
-def reconcile(group: RunnerGroup, *workers: WorkerReport, now: datetime) -> services.Reconciled:
-    return services.group_reconcile(group=group, workers=list(workers), now=now)
+def reconcile(group: RunnerGroup, *workers: WorkerReport, now: datetime) -> settle.Reconciled:
+    return settle.group_reconcile(group=group, workers=list(workers), now=now)
 
 
-def stops(result: services.Reconciled) -> list[tuple[uuid.UUID, str, str | None]]:
+def stops(result: settle.Reconciled) -> list[tuple[uuid.UUID, str, str | None]]:
     return [(order.run_id, order.reason, order.run_status) for order in result.stop]
 
 
@@ -231,7 +232,7 @@ def test_a_worker_whose_run_ended_without_it_is_told_to_stop(
     d = drive(stack, group, recipe)
     before = world()
     result = reconcile(group, report(d, "running"), now=d.now)
-    assert stops(result) == [(d.run.id, services.STOP_RUN_TERMINAL, status)]
+    assert stops(result) == [(d.run.id, settle.STOP_RUN_TERMINAL, status)]
     assert world() == before
 
 
@@ -243,7 +244,7 @@ def test_a_worker_whose_lease_lapsed_is_told_to_stop(stack: Stack, group: Runner
         services.run_reset_lease(run_id=d.run.id, now=later)
     result = reconcile(group, report(d, "running"), now=later)
     expected = RunStatus.PENDING if reset else RunStatus.ASSIGNED
-    assert stops(result) == [(d.run.id, services.STOP_LEASE_LAPSED, expected)]
+    assert stops(result) == [(d.run.id, settle.STOP_LEASE_LAPSED, expected)]
 
 
 def test_a_worker_whose_run_went_to_another_runner_is_told_to_stop(stack: Stack, group: RunnerGroup) -> None:
@@ -256,7 +257,7 @@ def test_a_worker_whose_run_went_to_another_runner_is_told_to_stop(stack: Stack,
 
     result = reconcile(group, report(d, "running"), now=later)
 
-    assert stops(result) == [(d.run.id, services.STOP_RUNNER_GONE, RunStatus.ASSIGNED)]
+    assert stops(result) == [(d.run.id, settle.STOP_RUNNER_GONE, RunStatus.ASSIGNED)]
     assert reload(d.run).assigned_runner_id == successor.id  # the new runner's claim is untouched
 
 
@@ -264,7 +265,7 @@ def test_a_worker_whose_runner_was_force_deleted_is_told_to_stop(stack: Stack, g
     d = drive(stack, group, "running")
     services.runner_force_delete(runner_id=d.runner.id, now=d.now + timedelta(days=1))  # type: ignore[union-attr]
     result = reconcile(group, report(d, "running"), now=d.now + timedelta(days=1))
-    assert stops(result) == [(d.run.id, services.STOP_RUNNER_GONE, RunStatus.FAILURE)]
+    assert stops(result) == [(d.run.id, settle.STOP_RUNNER_GONE, RunStatus.FAILURE)]
 
 
 # ---------------------------------------------------------------- the binding
@@ -294,7 +295,7 @@ def test_a_group_cannot_stop_another_groups_worker_whose_runner_is_gone(
     assert result.stop == []
     assert result.ignored == 1
     assert stops(reconcile(other_group, report(theirs, "running"), now=theirs.now)) == [
-        (theirs.run.id, services.STOP_RUNNER_GONE, RunStatus.FAILURE)
+        (theirs.run.id, settle.STOP_RUNNER_GONE, RunStatus.FAILURE)
     ]
 
 

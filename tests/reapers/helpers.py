@@ -78,3 +78,12 @@ def claimable(run: Run) -> bool:
     """Whether a poll could take ``run`` now: pending and bound to no live runner."""
     row = reload(run)
     return row.status == RunStatus.PENDING and row.assigned_runner_id is None
+
+
+def heartbeat(*, runner_id: uuid.UUID, run_id: uuid.UUID, now: datetime) -> str | None:
+    """The runner's /status at ``now``: its liveness refreshed; the run's status."""
+    group = Runner.objects.get(id=runner_id).runner_group_id
+    found, status = services.runner_status(runner_id=runner_id, runner_group_id=group, run_id=run_id, bound=True,
+                                           now=now)  # fmt: skip
+    assert found
+    return status

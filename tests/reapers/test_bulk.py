@@ -17,13 +17,13 @@ import pytest
 
 from gantry.core import services
 from gantry.core.models import DeploymentStatus, Run, RunEvent, Runner, RunnerGroup, RunStatus, Stack
-from gantry.core.services import bulk
 from gantry.logs import live
 from gantry.reapers import reapers
+from gantry.sql import runs as run_sql
 from tests.conftest import SPEC
 from tests.core.drive import deployment_status
 
-from .helpers import T0, accepted, after, at, claim_at, deploy, event_kinds, log_manifest, reload
+from .helpers import T0, accepted, after, at, claim_at, deploy, event_kinds, heartbeat, log_manifest, reload
 
 N = 12
 
@@ -62,7 +62,7 @@ def test_it_times_out_many_runs_over_several_batches_and_promotes_every_lane(sta
     for run, nxt in zip(runs, queued, strict=True):
         row = reload(run)
         assert row.status == RunStatus.STARTUP_TIMEOUT
-        assert row.failure_reason == bulk.STARTUP_TIMEOUT_REASON
+        assert row.failure_reason == run_sql.STARTUP_TIMEOUT_REASON
         assert row.finished_at == after(T0, "runner_startup_deadline", 1)
         assert event_kinds(run) == ["created", "startup_timeout"]
         assert deployment_status(row) == DeploymentStatus.FAILED
@@ -147,7 +147,7 @@ def test_a_runner_that_polled_since_the_selection_is_spared(
 ) -> None:
     (dead_run, dead), (alive_run, alive) = [accepted(s, wide_group, T0) for s in _stacks(stack, 2)]
     when = after(T0, "runner_execution_timeout", 10)
-    services.runner_seen(runner_id=alive, run_id=alive_run.id, now=when - timedelta(seconds=1))
+    heartbeat(runner_id=alive, run_id=alive_run.id, now=when - timedelta(seconds=1))
     _stale(monkeypatch, [dead, alive])
 
     result = reapers.inactive_runners(now=when)

@@ -14,7 +14,20 @@ from gantry.logs import live
 from gantry.reapers.reapers import inactive_runners
 from tests.core.drive import deployment_status, new_runner
 
-from .helpers import T0, accepted, after, at, claim_at, claimable, deploy, event_kinds, log_manifest, reload, world
+from .helpers import (
+    T0,
+    accepted,
+    after,
+    at,
+    claim_at,
+    claimable,
+    deploy,
+    event_kinds,
+    heartbeat,
+    log_manifest,
+    reload,
+    world,
+)
 
 
 def _count(group: RunnerGroup) -> int:
@@ -98,7 +111,7 @@ def test_it_fails_the_run_of_a_silent_busy_runner_and_deletes_it(stack: Stack, g
     run, runner_id = accepted(stack, group, T0)
     queued = deploy(stack, now=at(5))
     seen = at(60)
-    services.runner_seen(runner_id=runner_id, run_id=run.id, now=seen)
+    heartbeat(runner_id=runner_id, run_id=run.id, now=seen)
 
     assert inactive_runners(now=after(seen, "runner_execution_timeout", -1)).acted == 0
     result = inactive_runners(now=after(seen, "runner_execution_timeout", 1))
@@ -117,7 +130,7 @@ def test_it_fails_the_run_of_a_silent_busy_runner_and_deletes_it(stack: Stack, g
 
 def test_it_spares_a_runner_that_keeps_polling(stack: Stack, group: RunnerGroup) -> None:
     run, runner_id = accepted(stack, group, T0)
-    services.runner_seen(runner_id=runner_id, run_id=run.id, now=at(minutes=200))
+    heartbeat(runner_id=runner_id, run_id=run.id, now=at(minutes=200))
 
     assert inactive_runners(now=at(minutes=210)).acted == 0
     assert reload(run).status == RunStatus.RUNNING
@@ -127,7 +140,7 @@ def test_it_spares_a_runner_that_keeps_polling(stack: Stack, group: RunnerGroup)
 def test_it_rechecks_silence_on_the_locked_runner(stack: Stack, group: RunnerGroup) -> None:
     # The sweep selected the runner as silent, but a /status landed before the failure.
     run, runner_id = accepted(stack, group, T0)
-    services.runner_seen(runner_id=runner_id, run_id=run.id, now=at(minutes=59))
+    heartbeat(runner_id=runner_id, run_id=run.id, now=at(minutes=59))
 
     assert services.runner_fail_lost(runner_id=runner_id, silent_before=at(minutes=30), now=at(minutes=61)) is None
     assert reload(run).status == RunStatus.RUNNING

@@ -26,6 +26,7 @@ from .helpers import (
     claimable,
     deploy,
     event_kinds,
+    heartbeat,
     log_manifest,
     reload,
     stuck_in_requested_cancellation,
@@ -79,7 +80,7 @@ def test_it_heals_a_runner_that_accepts_and_goes_silent(stack: Stack, group: Run
     run, runner_id = accepted(stack, group, T0)
     queued = deploy(stack, now=at(2))
     last_poll = at(120)
-    services.runner_seen(runner_id=runner_id, run_id=run.id, now=last_poll)
+    heartbeat(runner_id=runner_id, run_id=run.id, now=last_poll)
 
     tick(after(last_poll, "runner_execution_timeout", -1))
     assert reload(run).status == RunStatus.RUNNING

@@ -7,13 +7,18 @@ services``); the functions live in one module per concern:
 - ``transitions`` — the guarded UPDATE every transition is made of, events, lanes
 - ``runs`` — a run's edges: assign, lease reset, accept, cancel, finish, fail, time out
 - ``deployments`` — queue, skip, retry
-- ``runners`` — ready, seen, deregister, dispatch-failed, lost, force-delete, a group's reconcile
+- ``runners`` — ready, the heartbeat, deregister, dispatch-failed, lost, force-delete
 - ``tenancy`` — organizations, memberships, runner groups, stacks
 - ``members`` — invitations an existing user accepts, set-password links
 - ``github`` — github_actions runners: dispatch record, OIDC exchange, workflow run ended, release
 
-The one other place that moves a run is the poll's claim
-(``gantry.dispatch.claim``): pending → assigned, in one SQL statement.
+Every edge is a Move of ``gantry.sql.runs``, whose effects (the event, the
+deployment, the token, the lane) are defined there once. The one other place
+that moves a run is the poll's claim (``gantry.dispatch.claim``): pending →
+assigned with the claim's own selection, composing the same effects. The
+runner's hot edges are also plans (``accept_plan``, ``finish_plan``,
+``ready_plan``, ``status_plan``, ``deregister_plan``) that the fast lane runs
+on the event loop; the service of the same edge drives the same plan.
 """
 
 from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
@@ -33,37 +38,22 @@ from gantry.core.services.members import (
 )
 from gantry.core.services.runners import (
     RUNNER_METADATA,
-    STOP_LEASE_LAPSED,
-    STOP_REASONS,
-    STOP_RUN_TERMINAL,
-    STOP_RUNNER_GONE,
-    WORKER_EXITED,
-    WORKER_RUNNING,
-    WORKER_STATES,
     LostRunner,
-    Reconciled,
-    StopOrder,
-    WorkerReport,
-    deregister_hot,
-    deregister_hot_plan,
+    deregister_plan,
     dispatch_failed,
-    group_reconcile,
-    holds_run_sql,
-    ready_hot,
-    ready_hot_plan,
+    ready_plan,
     runner_deregister,
     runner_fail_lost,
     runner_force_delete,
     runner_ready,
-    runner_seen,
     runner_status,
-    runner_status_plan,
+    status_plan,
 )
 from gantry.core.services.runs import (
-    accept_hot,
-    accept_hot_plan,
-    finish_hot,
-    finish_hot_plan,
+    Refused,
+    accept_plan,
+    fail_executing_run,
+    finish_plan,
     run_accept,
     run_acknowledge_cancel,
     run_assign,
@@ -89,42 +79,29 @@ from gantry.core.services.tenancy import (
     stack_set_secrets,
     stack_update,
 )
-from gantry.core.services.transitions import NOTIFY_CHANNEL, notify_claimable, selector_id_for, stack_promote_next
+from gantry.core.services.transitions import NOTIFY_CHANNEL, notify_claimable, selector_id_for
 
 __all__ = [
     "NOTIFY_CHANNEL",
     "RETRYABLE",
     "RUNNER_METADATA",
-    "STOP_LEASE_LAPSED",
-    "STOP_REASONS",
-    "STOP_RUNNER_GONE",
-    "STOP_RUN_TERMINAL",
-    "WORKER_EXITED",
-    "WORKER_RUNNING",
-    "WORKER_STATES",
     "EndedRun",
     "LostRunner",
     "MemberChange",
     "PasswordLink",
-    "Reconciled",
-    "StopOrder",
-    "WorkerReport",
-    "accept_hot",
-    "accept_hot_plan",
+    "Refused",
+    "accept_plan",
     "deployment_create",
     "deployment_retry",
     "deployment_skip",
-    "deregister_hot",
-    "deregister_hot_plan",
+    "deregister_plan",
     "dispatch_failed",
-    "finish_hot",
-    "finish_hot_plan",
+    "fail_executing_run",
+    "finish_plan",
     "github_runner_dispatched",
     "github_runner_oidc_exchange",
     "github_runner_release",
     "github_workflow_run_ended",
-    "group_reconcile",
-    "holds_run_sql",
     "invitation_accept",
     "invitation_decline",
     "membership_set",
@@ -134,8 +111,7 @@ __all__ = [
     "org_update",
     "password_link_reissue",
     "pending_invitations",
-    "ready_hot",
-    "ready_hot_plan",
+    "ready_plan",
     "run_accept",
     "run_acknowledge_cancel",
     "run_assign",
@@ -154,12 +130,10 @@ __all__ = [
     "runner_group_set_drained",
     "runner_group_update",
     "runner_ready",
-    "runner_seen",
     "runner_status",
-    "runner_status_plan",
     "selector_id_for",
     "stack_create",
-    "stack_promote_next",
     "stack_set_secrets",
     "stack_update",
+    "status_plan",
 ]

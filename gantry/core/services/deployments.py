@@ -17,12 +17,8 @@ from gantry.core.models import (
     RunStatus,
     Stack,
 )
-from gantry.core.services.transitions import (
-    lock_stack,
-    resolve_now,
-    run_create_on_lane,
-    terminate,
-)
+from gantry.core.services.transitions import detail_json, lock_stack, move, resolve_now, run_create_on_lane
+from gantry.sql import runs as sql
 
 
 def deployment_create(
@@ -64,9 +60,9 @@ def deployment_skip(*, deployment_id: int, by: User | None = None, now: datetime
         raise NotSkippable(
             f"only a deployment that has not started can be skipped; its run is {run.status}", status=run.status
         )
-    detail = {"by": by.get_username()} if by is not None else {}
+    detail = detail_json({"by": by.get_username()} if by is not None else {})
     try:
-        terminate(run.id, expected=NEVER_STARTED, target=RunStatus.DISCARDED, now=now, event="skipped", detail=detail)
+        move(sql.SKIP, run_id=run.id, now=now, detail=detail)
     except InvalidTransition as exc:
         raise NotSkippable(exc.detail, **exc.extra) from exc
     return Deployment.objects.get(id=deployment_id)

@@ -1,25 +1,31 @@
 """A run's life after it is created: assign, lease reset, accept, cancel, finish, fail, time out.
 
-Each function is one edge of the state machine (docs/design.md), built from
-``transitions``: guarded, evented, and — when the run ends — promoting its
-stack's next run. The poll's claim (``gantry.dispatch.claim``) is the one place
-outside these services that moves a run (pending → assigned), in one SQL
-statement with the same guards as :func:`run_assign`.
+Each function takes one edge of the state machine (docs/design.md), a Move of
+gantry/sql/runs.py: guarded, evented, and — when the run ends — promoting its
+stack's next run, all in the edge's one statement. A refused edge changed
+nothing, and its error is derived from the row state the statement judged
+(``transitions.refusal``, or the edge's own explanation below). The poll's
+claim (gantry.dispatch.claim) takes pending → assigned with the claim's own
+selection and the same effects.
+
+The runner's hot edges (accept, done) are *plans* (gantry.sql.statement): the
+one path both the Django views (through the service here) and the fast lane on
+the event loop run.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 
 from django.contrib.auth.models import User
 
 from gantry import conf, metrics
-from gantry.core import prepared, tokens
 from gantry.core import secrets as stack_secrets
+from gantry.core import tokens
 from gantry.core.errors import (
     AcceptResponseUndeliverable,
     Conflict,
@@ -29,51 +35,46 @@ from gantry.core.errors import (
     RunAlreadyTerminal,
     RunTerminal,
 )
+from gantry.core.manifest import normalize_manifest
 from gantry.core.models import (
     EXECUTING,
     LANE_HOLDERS,
     NEVER_STARTED,
     TERMINAL,
+    Deployment,
     Run,
     Runner,
     RunStatus,
+    Stack,
 )
-from gantry.core.services import bulk, hotpath
-from gantry.core.services.transitions import (
-    record_finished,
-    refusal,
-    resolve_now,
-    terminate,
-    transition,
-)
+from gantry.core.services.transitions import Outcome, State, detail_json, move, move_plan, refusal, resolve_now
 from gantry.logs.limits import CHUNK_SIZE, SEAL_INTERVAL
-from gantry.logs.manifest import normalize_manifest
+from gantry.sql import runs as sql
+from gantry.sql.rows import loaded
+from gantry.sql.statement import AfterCommit, Plan, drive
+
+
+class Refused:
+    """A hot plan's answer when its edge was refused: the state judged, for the caller to explain (or hand over)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: State) -> None:
+        self.state = state
 
 
 def run_assign(*, run_id: uuid.UUID, runner: Runner, now: datetime | None = None) -> Run:
     """pending → assigned to ``runner`` with a lease of ``GANTRY_ASSIGNMENT_TTL``.
 
-    The poll's claim performs this edge in one SQL statement together with the
-    run selection; this is the same edge for a run picked by id, with the
-    claim's guards on the run: pending and bound to no live runner (a lapsed
-    lease keeps its runner pointer until that runner is gone: One Runner Per
-    Run). The group's drain and capacity are the claim's to judge; a caller
-    here has chosen the runner itself.
+    The poll's claim takes this edge together with its run selection; this is
+    the same edge for a run picked by id, with the claim's guards on the run:
+    pending and bound to no live runner (a lapsed lease keeps its runner
+    pointer until that runner is gone: One Runner Per Run). The group's drain
+    and capacity are the claim's to judge; a caller here has chosen the runner.
     """
     now = resolve_now(now)
-    return transition(
-        run_id,
-        expected={RunStatus.PENDING},
-        target=RunStatus.ASSIGNED,
-        now=now,
-        event="assigned",
-        detail={"runner_id": str(runner.id), "runner_group_id": runner.runner_group_id},
-        extra_filter={"assigned_runner__isnull": True},
-        guard="no live runner still bound to it (its previous runner must be gone first)",
-        assigned_runner_id=runner.id,
-        assigned_at=now,
-        assigned_expires_at=now + timedelta(seconds=conf.get().assignment_ttl),
-    )
+    expires = now + timedelta(seconds=conf.get().assignment_ttl)
+    return move(sql.ASSIGN, run_id=run_id, now=now, runner=runner.id, grp=runner.runner_group_id, expires=expires)
 
 
 def run_reset_lease(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
@@ -82,11 +83,7 @@ def run_reset_lease(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
     Keeping ``assigned_runner_id`` is what stops a second runner being sent
     while the first may still be booting toward /accept (One Runner Per Run).
     """
-    now = resolve_now(now)
-    # The reaper's set-based transition (gantry.core.services.bulk), for one run.
-    if not bulk.reset_leases([run_id], now=now, skip_locked=False):
-        raise refusal(run_id, RunStatus.PENDING, {RunStatus.ASSIGNED}, bulk.RESET_LEASE_GUARD)
-    return Run.objects.get(id=run_id)
+    return move(sql.RESET_LEASE, run_id=run_id, now=resolve_now(now))
 
 
 def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None = None) -> tuple[Run, str]:
@@ -97,42 +94,74 @@ def run_accept(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime | None 
     and "When the run is already terminal at accept".
     """
     now = resolve_now(now)
-    accepted = accept_hot(run_id=run_id, runner_id=runner_id, runner_group_id=None, now=now)
-    if accepted is not None:
-        return accepted
-    raise _accept_refusal(run_id=run_id, runner_id=runner_id, now=now)
+    accepted = drive(accept_plan(run_id=run_id, runner_id=runner_id, group_id=None, now=now))
+    if isinstance(accepted, Refused):
+        raise _accept_refusal(accepted.state, run_id=run_id, runner_id=runner_id, now=now)
+    return accepted
 
 
-def accept_hot(
-    *, run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None, now: datetime
-) -> tuple[Run, str] | None:
-    """Accept's common case alone: the run and its clear-text API token, or None (nothing changed).
+def accept_plan(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID, group_id: int | None, now: datetime
+) -> Plan[tuple[Run, str] | Refused]:
+    """Accept as a plan: the run (its deployment's spec and stack's secrets loaded) and its API token.
 
-    One prepared statement (hotpath): the guarded edge, the token, the busy
-    runner, the event and the deployment, with the RunContext's spec and
-    secrets read along. None: the guard failed (or the runner is not of
-    ``runner_group_id``; None: not checked), and :func:`run_accept` names why.
+    ``group_id``: the token's group, judged by the statement itself (the fast
+    lane's; None when the caller checked the runner row already).
     """
-    return prepared.drive(accept_hot_plan(run_id=run_id, runner_id=runner_id, runner_group_id=runner_group_id, now=now))
-
-
-def accept_hot_plan(
-    *, run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None, now: datetime
-) -> prepared.Plan[tuple[Run, str] | None]:
-    """:func:`accept_hot` as a plan (gantry.core.prepared), for either driver."""
     api_token, digest = tokens.new_run_api_token()
-    run = yield from hotpath.accept_plan(run_id=run_id, runner_id=runner_id, group_id=runner_group_id, digest=digest,
-                                         now=now)  # fmt: skip
+    args = sql.one_args(run=run_id, now=now, runner=runner_id, grp=group_id, digest=digest)
+    outcome = yield from move_plan(sql.ACCEPT, args)
+    run = outcome.run
     if run is None:
-        return None
+        return Refused(outcome.state)
+    spec, secrets = outcome.also
+    # As select_related would: run_context reads run.deployment.spec and
+    # run.stack.secrets without a query (only those fields are loaded).
+    run.deployment = loaded(Deployment, id=run.deployment_id, spec=_json(spec))
+    run.stack = loaded(Stack, id=run.stack_id, secrets=_json(secrets))
     if run.assigned_at is not None:
         started = (now - run.assigned_at).total_seconds()
-        # Inside a caller's transaction this waits for its commit; in
-        # autocommit the statement has committed and it runs at once.
-        yield prepared.AfterCommit(
+        yield AfterCommit(
             lambda: metrics.record_run(organization_id=run.organization_id, timings={"claimed_to_accepted": started})
         )
     return run, api_token
+
+
+def _json(raw: Any) -> Any:
+    # A JSON column arrives as text (Django has psycopg leave it to the field).
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def _accept_refusal(state: State, *, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime) -> Exception:
+    """Why accept refused, from the state its statement judged."""
+    status = state.status
+    if status is None:
+        return NotFound("run not found")
+    if status in (RunStatus.DISCARDED, RunStatus.CANCELLED):
+        return RunAlreadyTerminal(f"run is already {status}", status=status)
+    if status in EXECUTING and state.assigned_runner_id == runner_id:
+        # A second accept from the runner that already accepted can only mean
+        # the first answer never reached it: the context (and its one-time
+        # credentials) is gone, so the run cannot proceed. Fail it now, on
+        # evidence, instead of an hour later on silence.
+        run_fail(
+            run_id=run_id,
+            reason="accept response undeliverable: the runner retried /accept for a running run",
+            event="accept_response_undeliverable",
+            expected=EXECUTING,
+            now=now,
+        )
+        return AcceptResponseUndeliverable(
+            "the first accept's answer was not delivered; the run has been failed and may be retried",
+            status=RunStatus.FAILURE,
+        )
+    if status == RunStatus.PENDING:
+        return Conflict("run is pending: the assignment lease expired and was reset", status=status)
+    if state.assigned_runner_id != runner_id and status not in TERMINAL:
+        return Conflict("run was reassigned to another runner", status=status)
+    if status == RunStatus.ASSIGNED:
+        return Conflict("run is assigned but its lease is past expiry", status=status)
+    return Conflict(f"run is {status}", status=status)
 
 
 def run_context(*, run: Run, api_token: str) -> dict[str, Any]:
@@ -160,37 +189,6 @@ def run_context(*, run: Run, api_token: str) -> dict[str, Any]:
     }
 
 
-def _accept_refusal(*, run_id: uuid.UUID, runner_id: uuid.UUID, now: datetime) -> Exception:
-    run = Run.objects.filter(id=run_id).first()
-    if run is None:
-        return NotFound("run not found")
-    if run.status in (RunStatus.DISCARDED, RunStatus.CANCELLED):
-        return RunAlreadyTerminal(f"run is already {run.status}", status=run.status)
-    if run.status in EXECUTING and run.assigned_runner_id == runner_id:
-        # A second accept from the runner that already accepted can only mean
-        # the first answer never reached it: the context (and its one-time
-        # credentials) is gone, so the run cannot proceed. Fail it now, on
-        # evidence, instead of an hour later on silence.
-        run_fail(
-            run_id=run_id,
-            reason="accept response undeliverable: the runner retried /accept for a running run",
-            event="accept_response_undeliverable",
-            expected=EXECUTING,
-            now=now,
-        )
-        return AcceptResponseUndeliverable(
-            "the first accept's answer was not delivered; the run has been failed and may be retried",
-            status=RunStatus.FAILURE,
-        )
-    if run.status == RunStatus.PENDING:
-        return Conflict("run is pending: the assignment lease expired and was reset", status=run.status)
-    if run.assigned_runner_id != runner_id and run.status not in TERMINAL:
-        return Conflict("run was reassigned to another runner", status=run.status)
-    if run.status == RunStatus.ASSIGNED:
-        return Conflict("run is assigned but its lease is past expiry", status=run.status)
-    return Conflict(f"run is {run.status}", status=run.status)
-
-
 def run_acknowledge_cancel(
     *, run_id: uuid.UUID, runner_id: uuid.UUID | None = None, now: datetime | None = None
 ) -> Run:
@@ -199,23 +197,13 @@ def run_acknowledge_cancel(
     Idempotent for the runner: a replay after a lost answer finds the run
     cancelling already and changes nothing.
     """
-    now = resolve_now(now)
-    bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
-    try:
-        return transition(
-            run_id,
-            expected={RunStatus.REQUESTED_CANCELLATION},
-            target=RunStatus.CANCELLING,
-            now=now,
-            event="cancel_acknowledged",
-            extra_filter=bound,
-            guard="the runner that holds it",
-        )
-    except InvalidTransition:
-        run = Run.objects.get(id=run_id)
-        if runner_id is not None and run.status == RunStatus.CANCELLING and run.assigned_runner_id == runner_id:
-            return run
-        raise
+    outcome = drive(move_plan(sql.ACKNOWLEDGE_CANCEL, sql.one_args(run=run_id, now=resolve_now(now), runner=runner_id)))
+    if outcome.run is not None:
+        return outcome.run
+    state = outcome.state
+    if runner_id is not None and state.status == RunStatus.CANCELLING and state.assigned_runner_id == runner_id:
+        return Run.objects.get(id=run_id)
+    raise refusal(sql.ACKNOWLEDGE_CANCEL, state)
 
 
 def run_finish(
@@ -233,135 +221,58 @@ def run_finish(
 
     ``manifest`` (``{count, sha256}``) lists the run's sealed log chunks and is
     kept on the run for the log reader; it must agree with ``sealed_chunks``.
+    A replay of /done whose first answer was lost (same runner, outcome, exit
+    code and manifest, already recorded) is accepted as it is; anything else
+    that differs stays a conflict: a replay must never quietly drop what differs.
     """
     now = resolve_now(now)
-    expected, fields = _finish_terms(outcome, exit_code, error, sealed_chunks, manifest)
-    if runner_id is not None:
-        # The runner's /done, the common case: the lane lock and the whole
-        # terminal transition (event, deployment, token, next run promoted) in
-        # one round trip (hotpath). A refused guard changed nothing: the ORM
-        # path below tries the same guard again and names the refusal.
-        done = prepared.drive(_finish_hot_plan(run_id, runner_id, None, outcome, expected, fields, now))
-        if done is not None:
-            return done
-    bound = {"assigned_runner_id": runner_id} if runner_id is not None else {}
-    try:
-        return terminate(
-            run_id,
-            expected=expected,
-            target=outcome,
-            now=now,
-            event="finished",
-            detail={"outcome": outcome, "exit_code": exit_code},
-            extra_filter=bound,
-            guard="the runner that holds it",
-            **fields,
+    done = drive(finish_plan(run_id=run_id, runner_id=runner_id, group_id=None, outcome=outcome,
+                             exit_code=exit_code, error=error, sealed_chunks=sealed_chunks, manifest=manifest,
+                             now=now))  # fmt: skip
+    if not isinstance(done, Refused):
+        return done
+    state = done.state
+    kept = normalize_manifest(manifest, sealed_chunks=sealed_chunks) if manifest is not None else None
+    ours = runner_id is not None and state.assigned_runner_id == runner_id and state.status == outcome
+    if ours and state.exit_code == exit_code and (kept is None or state.log_manifest == kept):
+        return Run.objects.get(id=run_id)
+    if ours:
+        raise RunTerminal(
+            f"run is {outcome} already, with another exit code or log manifest than this report", status=outcome
         )
-    except RunTerminal as exc:
-        # A replay of /done whose first answer was lost: same runner, same
-        # outcome, same exit code and log manifest, already recorded. Anything
-        # else stays a conflict: a replay must never quietly drop what differs.
-        run = Run.objects.get(id=run_id)
-        same = (
-            runner_id is not None
-            and run.status == outcome
-            and run.assigned_runner_id == runner_id
-            and run.exit_code == exit_code
-            and ("log_manifest" not in fields or run.log_manifest == fields["log_manifest"])
-        )
-        if same:
-            return run
-        if runner_id is not None and run.assigned_runner_id == runner_id and run.status == outcome:
-            raise RunTerminal(
-                f"run is {run.status} already, with another exit code or log manifest than this report",
-                status=run.status,
-            ) from exc
-        raise
+    raise refusal(sql.FINISH, state, target=outcome, expected=sql.finish_expected(outcome))
 
 
-def finish_hot(
+def finish_plan(
     *,
     run_id: uuid.UUID,
-    runner_id: uuid.UUID,
-    runner_group_id: int | None,
-    outcome: str,
-    exit_code: int | None = None,
-    error: str = "",
-    sealed_chunks: int | None = None,
-    manifest: Mapping[str, Any] | None = None,
-    now: datetime,
-) -> Run | None:
-    """The runner's /done, common case alone: the finished run, or None (nothing changed).
-
-    An invalid outcome or manifest raises before anything is written, as
-    :func:`run_finish` does; None means the guard failed (the run is not this
-    runner's executing run, or the runner not of ``runner_group_id``; None:
-    not checked), and :func:`run_finish` names why or accepts a replay.
-    """
-    return prepared.drive(finish_hot_plan(run_id=run_id, runner_id=runner_id, runner_group_id=runner_group_id,
-                                          outcome=outcome, exit_code=exit_code, error=error,
-                                          sealed_chunks=sealed_chunks, manifest=manifest, now=now))  # fmt: skip
-
-
-def finish_hot_plan(
-    *,
-    run_id: uuid.UUID,
-    runner_id: uuid.UUID,
-    runner_group_id: int | None,
-    outcome: str,
-    exit_code: int | None = None,
-    error: str = "",
-    sealed_chunks: int | None = None,
-    manifest: Mapping[str, Any] | None = None,
-    now: datetime,
-) -> prepared.Plan[Run | None]:
-    """:func:`finish_hot` as a plan (gantry.core.prepared), for either driver; a refusal raises before any write."""
-    expected, fields = _finish_terms(outcome, exit_code, error, sealed_chunks, manifest)
-    return (yield from _finish_hot_plan(run_id, runner_id, runner_group_id, outcome, expected, fields, now))
-
-
-def _finish_terms(
+    runner_id: uuid.UUID | None,
+    group_id: int | None,
     outcome: str,
     exit_code: int | None,
     error: str,
     sealed_chunks: int | None,
     manifest: Mapping[str, Any] | None,
-) -> tuple[frozenset[str], dict[str, Any]]:
-    """The statuses /done may end, and the run's fields it writes; a refusal raises (before any write)."""
-    expected: frozenset[str]
-    if outcome in (RunStatus.SUCCEEDED, RunStatus.FAILURE):
-        expected = EXECUTING
-    elif outcome == RunStatus.CANCELLED:
-        # A runner reports cancelled only when cancellation was asked of it.
-        expected = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
-    else:
-        raise InvalidRequest("outcome must be one of: succeeded, failure, cancelled")
-    fields: dict[str, Any] = {"exit_code": exit_code, "failure_reason": error}
-    if sealed_chunks is not None:
-        fields["sealed_chunks"] = sealed_chunks
-    if manifest is not None:
-        # Checked before the transition: a refused /done changes nothing.
-        fields["log_manifest"] = normalize_manifest(manifest, sealed_chunks=sealed_chunks)
-        fields["sealed_chunks"] = fields["log_manifest"]["count"]
-    return expected, fields
-
-
-def _finish_hot_plan(
-    run_id: uuid.UUID,
-    runner_id: uuid.UUID,
-    runner_group_id: int | None,
-    outcome: str,
-    expected: frozenset[str],
-    fields: dict[str, Any],
     now: datetime,
-) -> prepared.Plan[Run | None]:
-    done = yield from hotpath.finish_plan(run_id=run_id, runner_id=runner_id, group_id=runner_group_id,
-                                          outcome=outcome, expected=expected, exit_code=fields["exit_code"],
-                                          error=fields["failure_reason"], sealed_chunks=fields.get("sealed_chunks"),
-                                          manifest=fields.get("log_manifest"), now=now)  # fmt: skip
-    if done is not None:
-        yield prepared.AfterCommit(partial(record_finished, done))
-    return done
+) -> Plan[Run | Refused]:
+    """/done as a plan: the finished run, or Refused. An invalid outcome or manifest raises before any write.
+
+    One round trip: the lane lock and the whole terminal edge (event,
+    deployment, token, the stack's next run promoted).
+    """
+    if outcome not in sql.FINISH_OUTCOMES:
+        raise InvalidRequest("outcome must be one of: succeeded, failure, cancelled")
+    if manifest is not None:
+        # Checked before the edge: a refused /done changes nothing.
+        manifest = normalize_manifest(manifest, sealed_chunks=sealed_chunks)
+        sealed_chunks = manifest["count"]
+    args = sql.one_args(
+        run=run_id, now=now, runner=runner_id, grp=group_id, target=outcome,
+        expected=sorted(sql.finish_expected(outcome)), exit_code=exit_code, error=error, sealed=sealed_chunks,
+        manifest=json.dumps(manifest) if manifest is not None else None,
+    )  # fmt: skip
+    result: Outcome = yield from move_plan(sql.FINISH, args)
+    return result.run if result.run is not None else Refused(result.state)
 
 
 def run_fail(
@@ -369,84 +280,19 @@ def run_fail(
     run_id: uuid.UUID,
     reason: str,
     event: str = "failed",
-    expected: Iterable[str] = frozenset(LANE_HOLDERS),
-    extra_filter: dict[str, Any] | None = None,
-    guard: str = "",
+    expected: Iterable[str] = LANE_HOLDERS,
+    runner_id: uuid.UUID | None = None,
     detail: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Run:
-    """Any live run → failure (runner lost or exited, dispatch failed, accept undeliverable, force-delete)."""
-    return terminate(
-        run_id,
-        expected=expected,
-        target=RunStatus.FAILURE,
-        now=resolve_now(now),
-        event=event,
-        detail=detail,
-        extra_filter=extra_filter,
-        guard=guard,
-        failure_reason=reason,
-    )
+    """Any live run (of ``expected``; of ``runner_id`` when given) → failure, as ``event``.
 
-
-def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
-    """A run that no runner ever started within the startup deadline.
-
-    An assigned run qualifies only once its lease has lapsed: until then its
-    runner may be about to accept, and timing the run out under it would race
-    that accept. The caller (the startup-deadline reaper) judges the deadline.
+    Runner lost or exited, accept undeliverable, force-delete, an operator.
     """
-    now = resolve_now(now)
-    # The reaper's set-based transition (gantry.core.services.bulk), for one run.
-    if not bulk.startup_timeouts([run_id], now=now, skip_locked=False):
-        raise refusal(
-            run_id, RunStatus.STARTUP_TIMEOUT, {RunStatus.PENDING, RunStatus.ASSIGNED}, bulk.NEVER_STARTED_GUARD
-        )
-    return Run.objects.get(id=run_id)
-
-
-def run_request_cancellation(*, run_id: uuid.UUID, by: User | None = None, now: datetime | None = None) -> Run:
-    """RequestCancellation.
-
-    A run that never started is cancelled outright (and its lane released); a
-    started one moves to requested_cancellation, which its runner sees on
-    /status. Asking again while a cancellation is under way changes nothing.
-    """
-    now = resolve_now(now)
-    who = {"by": by.get_username()} if by is not None else {}
-    # Two attempts: the run may move between our read and our guarded write
-    # (e.g. accepted in between); the second read sees where it went.
-    for _ in range(2):
-        run = Run.objects.filter(id=run_id).first()
-        if run is None:
-            raise NotFound("run not found")
-        try:
-            if run.status in NEVER_STARTED:
-                return terminate(
-                    run_id,
-                    expected=NEVER_STARTED,
-                    target=RunStatus.CANCELLED,
-                    now=now,
-                    event="cancelled",
-                    detail=who,
-                    cancel_requested_at=now,
-                )
-            if run.status == RunStatus.RUNNING:
-                return transition(
-                    run_id,
-                    expected={RunStatus.RUNNING},
-                    target=RunStatus.REQUESTED_CANCELLATION,
-                    now=now,
-                    event="cancel_requested",
-                    detail=who,
-                    cancel_requested_at=now,
-                )
-            if run.status in (RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING):
-                return run
-            raise RunTerminal(f"run is {run.status}; a finished run cannot be cancelled", status=run.status)
-        except InvalidTransition:
-            continue
-    raise refusal(run_id, RunStatus.CANCELLED, NEVER_STARTED | {RunStatus.RUNNING})
+    return move(
+        sql.FAIL, run_id=run_id, now=resolve_now(now), expected=frozenset(expected), runner=runner_id,
+        reason=reason, event=event, detail=detail_json(detail),
+    )  # fmt: skip
 
 
 def fail_executing_run(
@@ -459,16 +305,48 @@ def fail_executing_run(
     detail: dict[str, Any] | None = None,
 ) -> Run:
     """Fail a run its runner was executing, guarded on that runner still holding it."""
-    return run_fail(
-        run_id=run_id,
-        reason=reason,
-        event=event,
-        detail=detail,
-        expected=EXECUTING,
-        extra_filter={"assigned_runner_id": runner_id},
-        guard="the runner that holds it",
-        now=now,
-    )
+    return run_fail(run_id=run_id, reason=reason, event=event, expected=EXECUTING, runner_id=runner_id,
+                    detail=detail, now=now)  # fmt: skip
+
+
+def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
+    """A run that no runner ever started within the startup deadline.
+
+    An assigned run qualifies only once its lease has lapsed: until then its
+    runner may be about to accept, and timing the run out under it would race
+    that accept. The caller (the startup-deadline reaper) judges the deadline.
+    """
+    return move(sql.STARTUP_TIMEOUT, run_id=run_id, now=resolve_now(now), deadline=None)
+
+
+def run_request_cancellation(*, run_id: uuid.UUID, by: User | None = None, now: datetime | None = None) -> Run:
+    """RequestCancellation.
+
+    A run that never started is cancelled outright (and its lane released); a
+    started one moves to requested_cancellation, which its runner sees on
+    /status. Asking again while a cancellation is under way changes nothing.
+    """
+    now = resolve_now(now)
+    who = detail_json({"by": by.get_username()} if by is not None else {})
+    # Two attempts: the run may move between our read and our guarded write
+    # (e.g. accepted in between); the second read sees where it went.
+    refused: InvalidTransition | None = None
+    for _ in range(2):
+        run = Run.objects.filter(id=run_id).first()
+        if run is None:
+            raise NotFound("run not found")
+        try:
+            if run.status in NEVER_STARTED:
+                return move(sql.CANCEL_UNSTARTED, run_id=run_id, now=now, detail=who)
+            if run.status == RunStatus.RUNNING:
+                return move(sql.REQUEST_CANCELLATION, run_id=run_id, now=now, detail=who)
+            if run.status in (RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING):
+                return run
+            raise RunTerminal(f"run is {run.status}; a finished run cannot be cancelled", status=run.status)
+        except InvalidTransition as exc:
+            refused = exc
+    assert refused is not None
+    raise refused
 
 
 def run_cancel_backstop(*, run_id: uuid.UUID, now: datetime | None = None) -> Run:
@@ -479,8 +357,5 @@ def run_cancel_backstop(*, run_id: uuid.UUID, now: datetime | None = None) -> Ru
     matches no other reaper, and holds its stack's lane for ever. Gated on a
     lapsed lease so it never races an /accept still in flight.
     """
-    now = resolve_now(now)
-    # The reaper's set-based transition (gantry.core.services.bulk), for one run.
-    if not bulk.cancel_backstops([run_id], now=now, skip_locked=False):
-        raise refusal(run_id, RunStatus.CANCELLED, {RunStatus.REQUESTED_CANCELLATION}, bulk.NEVER_STARTED_GUARD)
-    return Run.objects.get(id=run_id)
+    return move(sql.CANCEL_BACKSTOP, run_id=run_id, now=resolve_now(now),
+                detail=detail_json(sql.CANCEL_BACKSTOP_DETAIL))  # fmt: skip

@@ -1,16 +1,20 @@
-"""The building blocks every run transition is made of (docs/design.md, "The run state machine").
+"""How the services move a run, and how a refusal is explained (docs/design.md, "The run state machine").
 
-A transition is one guarded UPDATE (``WHERE id = … AND status IN (expected)``):
-anything but one row changed is a conflict, never a silent overwrite, and each
-transition writes a ``run_event`` and brings its deployment's status along.
+An edge is a :class:`gantry.sql.runs.Move`: one guarded statement whose
+effects (the event, the deployment, the token, the lane) are defined once in
+gantry/sql/runs.py, for one run and for a batch alike. Here:
 
-Lanes: a run becoming or ceasing to be its stack's lane holder locks the stack
-row first (``FOR NO KEY UPDATE``), always in the order stack → run. That
-serialises deployment creation against the promotion of the stack's next run,
-so a run queued while the lane holder finishes can never be left queued behind
-no holder. The partial unique index ``run_one_lane_holder_per_stack`` remains
-the last word. ``terminate`` ends a run and promotes its stack's next one in
-the same transaction.
+- :func:`move_plan` runs a Move for one run (as a plan, gantry.sql.statement,
+  for either driver) and answers an :class:`Outcome`: the moved run, or the
+  row state the statement judged and refused;
+- :func:`refusal` turns that state into the contract's error, so a guard is
+  written once (as SQL) and its refusal derived from the same snapshot;
+- :func:`move` is both for a sync caller: the moved run, or the error.
+
+Lanes: a terminal edge locks its stack first (always stack, then run) in the
+same round trip, so a run queued while the lane holder finishes can never be
+left queued behind no holder; the partial unique index
+``run_one_lane_holder_per_stack`` remains the last word.
 
 These are the service modules' own tools, not part of ``services``' public face.
 """
@@ -19,32 +23,24 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import Exists
+from django.db import connection
 from django.utils import timezone
 
 from gantry import metrics
 from gantry.core.errors import InvalidTransition, NotFound, RunTerminal
-from gantry.core.models import (
-    DEPLOYMENT_STATUS_FOR_RUN,
-    LANE_HOLDERS,
-    TERMINAL,
-    Deployment,
-    Run,
-    RunEvent,
-    RunSelector,
-    RunStatus,
-    RunToken,
-    Stack,
-)
-from gantry.core.services import bulk
+from gantry.core.models import LANE_HOLDERS, TERMINAL, Deployment, Run, RunSelector, RunStatus, Stack
+from gantry.sql import claim as claim_sql
+from gantry.sql import runs as sql
+from gantry.sql.rows import instance
+from gantry.sql.statement import AfterCommit, Plan, drive, fetchone
 
-NOTIFY_CHANNEL = "gantry_claimable"
+NOTIFY_CHANNEL = claim_sql.NOTIFY_CHANNEL
 
 
 def resolve_now(now: datetime | None) -> datetime:
@@ -61,73 +57,101 @@ def notify_claimable(*, organization_id: int) -> None:
     so a listener never wakes for a run it cannot see yet.
     """
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(organization_id)])
+        cur.execute(claim_sql.NOTIFY, [NOTIFY_CHANNEL, str(organization_id)])
 
 
 def lock_stack(stack_id: int) -> None:
-    # NO KEY UPDATE: serialises lane changes among themselves without blocking
-    # the KEY SHARE lock that inserting a run (FK to stack) takes.
-    with connection.cursor() as cur:
-        cur.execute("SELECT 1 FROM stack WHERE id = %s FOR NO KEY UPDATE", [stack_id])
-        if cur.fetchone() is None:
-            raise NotFound("stack not found")
+    """Lock the stack's lane (``FOR NO KEY UPDATE``) for the caller's transaction."""
+    if fetchone(sql.LOCK_STACK_BY_ID, {"stack": stack_id}) is None:
+        raise NotFound("stack not found")
 
 
-def write_event(run_id: uuid.UUID, kind: str, now: datetime, /, **detail: Any) -> None:
-    RunEvent.objects.create(run_id=run_id, kind=kind, at=now, detail=detail)
+@dataclass(frozen=True, slots=True)
+class State:
+    """The row a one-run statement judged, as it was before any change; ``status`` None: there is no such run."""
+
+    refused: str | None
+    status: str | None
+    assigned_runner_id: uuid.UUID | None
+    assigned_expires_at: datetime | None
+    started_at: datetime | None
+    exit_code: int | None
+    log_manifest: Any
 
 
-def sync_deployment(run: Run, now: datetime) -> None:
-    """A deployment's status follows its newest run."""
-    newer = Run.objects.filter(deployment_id=run.deployment_id, attempt__gt=run.attempt)
-    Deployment.objects.filter(id=run.deployment_id).exclude(status=DEPLOYMENT_STATUS_FOR_RUN[run.status]).filter(
-        ~Exists(newer)
-    ).update(status=DEPLOYMENT_STATUS_FOR_RUN[run.status], updated_at=now)
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A one-run statement's answer: the moved run (None: refused), the state judged, the Move's extra columns."""
+
+    run: Run | None
+    state: State
+    also: tuple[Any, ...] = ()
 
 
-def refusal(run_id: uuid.UUID, target: str, expected: Iterable[str], guard: str = "") -> Exception:
-    current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
+def move_plan(move: sql.Move, args: dict[str, Any]) -> Plan[Outcome]:
+    """Take ``move`` for one run (``args``: :func:`gantry.sql.runs.one_args`); a terminal edge's metrics on commit."""
+    rows = yield sql.one_script(move, args)
+    row = rows[-1][0]
+    state = State(*row[: sql.STATE_WIDTH])
+    if isinstance(state.log_manifest, str):  # a JSON column arrives as text (gantry.sql.rows)
+        state = _replace_manifest(state, json.loads(state.log_manifest))
+    moved = None
+    if row[sql.STATE_WIDTH] is not None:
+        moved = instance(Run, row, sql.STATE_WIDTH)
+        if move.terminal:
+            yield AfterCommit(partial(record_finished, moved))
+    return Outcome(moved, state, tuple(row[sql.STATE_WIDTH + sql.RUN_WIDTH :]))
+
+
+def _replace_manifest(state: State, manifest: Any) -> State:
+    return State(
+        state.refused,
+        state.status,
+        state.assigned_runner_id,
+        state.assigned_expires_at,
+        state.started_at,
+        state.exit_code,
+        manifest,
+    )
+
+
+def refusal(move: sql.Move, state: State, *, target: str | None = None, expected: Iterable[str] = ()) -> Exception:
+    """The error for a refused one-run move, from the state the statement judged.
+
+    ``target`` and ``expected`` name the edge as its caller took it (an edge
+    whose target or expected states are a parameter); by default the Move's own.
+    """
+    current = state.status
     if current is None:
         return NotFound("run not found")
     if current in TERMINAL:
         return RunTerminal(f"run is {current}; a finished run never changes", status=current)
-    if guard and current in expected:
-        # Right state, but the transition's extra condition failed: name the
-        # condition. ("run is assigned; pending needs it to be one of: assigned"
-        # contradicted itself for a lease that had not lapsed yet.)
-        return InvalidTransition(f"run is {current}, but {target} needs {guard}", status=current)
-    wanted = ", ".join(sorted(expected))
+    target = target or next(iter(sorted(move.targets)))
+    guard = next((g for g in move.guards if g.name == state.refused), None)
+    if guard is not None:
+        # Right state, but one of the edge's conditions failed: name it.
+        return InvalidTransition(f"run is {current}, but {target} needs {guard.words}", status=current)
+    wanted = ", ".join(sorted(expected or move.expected))
     return InvalidTransition(f"run is {current}; {target} needs it to be one of: {wanted}", status=current)
 
 
-def transition(
-    run_id: uuid.UUID,
-    *,
-    expected: Iterable[str],
-    target: str,
-    now: datetime,
-    event: str,
-    detail: dict[str, Any] | None = None,
-    extra_filter: dict[str, Any] | None = None,
-    guard: str = "",
-    **fields: Any,
+def move(
+    edge: sql.Move, *, run_id: uuid.UUID, now: datetime, expected: frozenset[str] | None = None, **args: Any
 ) -> Run:
-    """The guarded update every run transition is made of.
+    """Take ``edge`` for one run: the moved run, or the error its refusal means.
 
-    ``guard`` describes ``extra_filter`` in words, for the refusal when the run
-    is in an expected state but the extra condition does not hold.
+    ``expected`` narrows the states an edge with a parameter of them may leave.
     """
-    expected = frozenset(expected)
-    changed = (
-        Run.objects.filter(id=run_id, status__in=sorted(expected), **(extra_filter or {}))
-        .update(status=target, updated_at=now, **fields)
-    )  # fmt: skip
-    if changed != 1:
-        raise refusal(run_id, target, expected, guard)
-    write_event(run_id, event, now, **(detail or {}))
-    run = Run.objects.get(id=run_id)
-    sync_deployment(run, now)
-    return run
+    if edge.expected_param:
+        args["expected"] = sorted(expected if expected is not None else edge.expected)
+    outcome = drive(move_plan(edge, sql.one_args(run=run_id, now=now, **args)))
+    if outcome.run is None:
+        raise refusal(edge, outcome.state, expected=expected or ())
+    return outcome.run
+
+
+def detail_json(detail: Mapping[str, Any] | None) -> str:
+    return json.dumps(dict(detail or {}))
 
 
 def selector_id_for(*, organization_id: int, selector: dict[str, Any]) -> int:
@@ -135,24 +159,15 @@ def selector_id_for(*, organization_id: int, selector: dict[str, Any]) -> int:
     existing = RunSelector.objects.filter(organization_id=organization_id, selector=selector).first()
     if existing is not None:
         return existing.id
-    # ON CONFLICT: two deployments with a new selector may race to create it.
     with connection.cursor() as cur:
-        cur.execute(
-            "INSERT INTO run_selector (organization_id, selector) VALUES (%s, %s::jsonb) "
-            "ON CONFLICT (organization_id, selector) DO NOTHING",
-            [organization_id, canonical_json(selector)],
-        )
+        cur.execute(sql.SELECTOR_UPSERT, [organization_id, json.dumps(selector, sort_keys=True)])
     return RunSelector.objects.get(organization_id=organization_id, selector=selector).id
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 def run_create_on_lane(
     *, deployment: Deployment, stack: Stack, attempt: int, now: datetime, detail: dict[str, Any] | None = None
 ) -> Run:
-    """Create a run on the stack's lane (caller holds the stack lock).
+    """Create a run on the stack's lane (the caller holds the stack lock): pending when the lane is free, else queued.
 
     ``detail`` adds to the one ``created`` event (a retry names the attempt it repeats).
     """
@@ -170,65 +185,12 @@ def run_create_on_lane(
         created_at=now,
         updated_at=now,
     )
-    write_event(run.id, "created", now, status=run.status, attempt=attempt, **(detail or {}))
-    sync_deployment(run, now)
-    return run
-
-
-def stack_promote_next(*, stack_id: int, now: datetime | None = None) -> Run | None:
-    """PromoteNextOnStack: when the lane is free, its oldest queued run becomes pending.
-
-    Called inside the transaction that freed the lane, with the stack locked.
-    ``first_pending_at`` is stamped the first time only: the startup deadline
-    counts from a run's original eligibility. One statement, the reapers' own
-    (``bulk.promote_lanes``), for one stack.
-    """
-    promoted = bulk.promote_lanes([stack_id], now=resolve_now(now))
-    return Run.objects.get(id=promoted[0]) if promoted else None
-
-
-def terminate(
-    run_id: uuid.UUID,
-    *,
-    expected: Iterable[str],
-    target: str,
-    now: datetime,
-    event: str,
-    detail: dict[str, Any] | None = None,
-    extra_filter: dict[str, Any] | None = None,
-    guard: str = "",
-    **fields: Any,
-) -> Run:
-    """Move a run to a terminal state, revoke its token and promote its stack's queue."""
-    assert target in TERMINAL
-    stack_id = Run.objects.filter(id=run_id).values_list("stack_id", flat=True).first()
-    if stack_id is None:
-        raise NotFound("run not found")
-    with transaction.atomic():
-        lock_stack(stack_id)
-        run = transition(
-            run_id,
-            expected=expected,
-            target=target,
-            now=now,
-            event=event,
-            detail=detail,
-            extra_filter=extra_filter,
-            guard=guard,
-            finished_at=now,
-            assigned_at=None,
-            assigned_expires_at=None,
-            **fields,
-        )
-        RunToken.objects.filter(run_id=run_id, revoked_at__isnull=True).update(revoked_at=now)
-        stack_promote_next(stack_id=stack_id, now=now)
-        transaction.on_commit(partial(record_finished, run))
+    fetchone(sql.CREATED, {"run": run.id, "now": now, "detail": detail_json(detail)})
     return run
 
 
 def record_finished(run: Run) -> None:
-    """Count a finished run in the metrics; called on commit."""
-    # After commit: a rolled-back transition is never counted.
+    """Count a finished run in the metrics; called on commit (a rolled-back transition is never counted)."""
     timings = {}
     if run.first_pending_at is not None and run.finished_at is not None:  # a run skipped while queued never pended
         timings["pending_to_finished"] = (run.finished_at - run.first_pending_at).total_seconds()

@@ -1,0 +1,25 @@
+"""Gantry's raw SQL, in one package: each statement named once, beside the rule it writes.
+
+- ``statement`` — the prepared-statement mechanism every statement goes through, and its drivers
+- ``rows`` — model instances from rows, without the ORM's query building
+- ``runs`` — every change of a run's status: one builder, one definition of each effect
+- ``runners`` — runner rows: ready, the heartbeat, deregister, holding a run, the sweeps' reads
+- ``claim`` — the poll's one-statement claim
+- the reads and sweeps of the other apps, one module each (``queue``, ``dispatcher``,
+  ``reapers``, ``retention``, ``logs``, ``auth``, ``ops``, ``metrics``)
+
+Django's ORM still serves the plain reads and the rows no rule depends on;
+what is written here is what the ORM cannot say in one statement, or what a
+hot path cannot afford to compile per call. Status lists are SQL literals
+(:func:`literals`), never parameters, so a statement's plan can match the
+partial indexes on ``run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def literals(states: Iterable[str]) -> str:
+    """A status list as SQL literals, never parameters, so partial indexes match."""
+    return ", ".join(f"'{status}'" for status in sorted(states))

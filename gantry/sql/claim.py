@@ -1,0 +1,152 @@
+"""The poll's claim as one SQL statement (docs/design.md §5, "Phase 1: Poll"); gantry.dispatch.claim sends it.
+
+The statement does the whole claim: lock the group row, check drain and
+capacity, find the org's selectors the group can serve, probe the
+pending-run index once per selector, lock the oldest candidate ``FOR UPDATE
+SKIP LOCKED``, insert the not_ready stub runner, take the run's ASSIGN edge
+(gantry.sql.runs: the same assignments and the same effects as any
+pending → assigned), and write the group row once: its ``last_polled_at``
+stamp and the stub in its slot count.
+
+Why it stays flat at any backlog (docs/performance.md): it never reads a run
+the group cannot take. ``run_selector`` holds an org's *distinct* selectors,
+so ``selector <@ labels`` runs over a handful of rows; each matching selector
+is then one probe of the partial index ``run_claimable_idx`` on
+(organization, selector, first_pending_at, id) WHERE status = 'pending' AND
+assigned_runner_id IS NULL, taking its oldest :data:`CANDIDATES_PER_SELECTOR`
+runs. Their union is small; the oldest unlocked one wins.
+
+Why ``assigned_runner_id IS NULL`` is the whole "names a live runner" test:
+the pointer's foreign key is ON DELETE SET NULL, so a non-null pointer always
+names an existing runner row, and a runner row is live until deregister or a
+reaper deletes it (which nulls the pointer). A lapsed lease keeps the pointer
+(One Runner Per Run), so the run stays out of dispatch while its first runner
+may still be booting.
+
+Why the group row is locked: a group's runner rows are its slots. Two polls of
+one group could both see ``max - 1`` rows and both insert. Counting rows in the
+statement would not help: under READ COMMITTED a poll that waited for the other
+still reads the runner table as of its own start. So the count lives on the
+group row (``runner_count``), and the statement begins by locking that row
+``FOR NO KEY UPDATE``: a waiting poll then reads the row's latest version, the
+other poll's stub counted. The claim counts its own stub in the same write as
+its stamp (the stub carries ``claim_counted``, so the insert trigger that
+counts every other runner row skips it): one new version of the group row per
+poll, not two (docs/decisions.md, 12). Concurrent polls of *one* group take
+turns for the claim's few hundred microseconds; polls of different groups never
+wait on each other. Run rows are never waited on: SKIP LOCKED passes over a run
+another poll is claiming.
+"""
+
+from __future__ import annotations
+
+from gantry.core.models import GroupKind, RunnerStatus, RunStatus
+from gantry.sql.runs import ASSIGN, effects, set_clause
+from gantry.sql.statement import named
+
+# Candidates read per matching selector. With k concurrent pollers on one
+# selector, a top-1 probe answers empty while work exists most of the time
+# (each poller sees the same locked head); 32 measured no false empties at 8
+# pollers. A literal, not a parameter, so the plan never depends on it.
+CANDIDATES_PER_SELECTOR = 32
+
+# Parameters: now, grp (the group), org (its organization), runner (the stub's
+# id), expires (the lease's end); version and rate, NULL unless the caller
+# asks the statement to judge the group's token version and the org's rate
+# itself (a claim whose throttle token was taken ahead, gantry.dispatch.claim).
+CLAIM = named(
+    "claim",
+    f"""
+WITH grp AS (
+    -- Locks the group row; a poll that waited for another poll of this group
+    -- reads the row version that poll wrote, its stub counted.
+    SELECT id, labels, runner_count, max_concurrent_runs, drained, token_version, organization_id, kind
+    FROM runner_group
+    WHERE id = %(grp)s::bigint
+    FOR NO KEY UPDATE
+),
+held AS (
+    -- The caller's group check (a Vouch), judged again on the locked row when
+    -- the claim commits in its own message: the token's version, its org, a
+    -- self-hosted group. A NULL version: the caller judges it before commit.
+    SELECT grp.id FROM grp
+    WHERE %(version)s::bigint IS NULL
+       OR (grp.token_version = %(version)s::bigint AND grp.organization_id = %(org)s::bigint
+           AND grp.kind <> '{GroupKind.GITHUB_ACTIONS}')
+),
+eligible AS (
+    -- runner_count comes from the locked, latest row version.
+    SELECT grp.id, grp.labels FROM grp JOIN held ON TRUE
+    WHERE NOT grp.drained AND grp.runner_count < grp.max_concurrent_runs
+      -- A token taken ahead at this rate: a rate changed since claims nothing
+      -- here (the caller claims again the ordinary way). NULL: not checked.
+      AND (%(rate)s::integer IS NULL OR EXISTS (
+          SELECT 1 FROM organization o WHERE o.id = %(org)s::bigint AND o.runs_per_hour_limit = %(rate)s::integer))
+),
+sel AS (
+    SELECT s.id FROM run_selector s
+    JOIN eligible e ON TRUE
+    JOIN organization o ON o.id = s.organization_id
+    WHERE s.organization_id = %(org)s::bigint
+      AND s.selector <@ e.labels
+      -- an empty selector goes to the org's default group, or anywhere without one
+      AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL OR o.default_runner_group_id = e.id)
+),
+candidate AS (
+    -- The index's own predicate, written as it is (so the probe uses it);
+    -- first_pending_at comes out of the index with the id, so the candidates
+    -- are ordered before they touch the run table.
+    SELECT c.id, c.first_pending_at FROM sel CROSS JOIN LATERAL (
+        SELECT r.id, r.first_pending_at FROM run r
+        WHERE r.organization_id = %(org)s::bigint AND r.selector_id = sel.id
+          AND r.status = '{RunStatus.PENDING}' AND r.assigned_runner_id IS NULL
+        ORDER BY r.first_pending_at, r.id
+        LIMIT {CANDIDATES_PER_SELECTOR}
+    ) c
+),
+picked AS (
+    -- Oldest candidate first, one run row at a time, stopping at the first
+    -- row it can lock (one primary-key probe, not one per candidate). The
+    -- edge's own checks, on the locked row version: a run claimed meanwhile drops out.
+    SELECT run.id FROM (SELECT id, first_pending_at FROM candidate ORDER BY first_pending_at, id) c
+    JOIN run ON run.id = c.id
+    WHERE {ASSIGN.status_check} AND {" AND ".join(g.sql for g in ASSIGN.guards)}
+    ORDER BY c.first_pending_at, c.id
+    LIMIT 1
+    FOR UPDATE OF run SKIP LOCKED
+),
+stub AS (
+    -- claim_counted: counted below, in the stamp, not by the insert trigger.
+    INSERT INTO runner (id, runner_group_id, status, created_at, hostname, launcher, container_id, pod_name,
+                        claim_counted)
+    SELECT %(runner)s::uuid, %(grp)s::bigint, '{RunnerStatus.NOT_READY}', %(now)s::timestamptz, '', '', '', '', TRUE
+    FROM picked
+    RETURNING id
+),
+v AS (SELECT id AS runner FROM stub),
+moved AS (
+    UPDATE run SET {set_clause(ASSIGN)}
+    FROM picked, v
+    WHERE run.id = picked.id
+    RETURNING run.id, run.stack_id, run.deployment_id, run.attempt, run.status, run.assigned_runner_id,
+              run.first_pending_at
+),
+{", ".join(effects(ASSIGN))},
+stamp AS (
+    -- One write of the group row per poll, won or empty: the poll's stamp and
+    -- its stub (if any) in the slot count. The row is locked by grp above.
+    -- Not for a refused group check: a refused call writes nothing.
+    UPDATE runner_group SET last_polled_at = %(now)s, runner_count = runner_count + (SELECT count(*) FROM stub)
+    WHERE id = %(grp)s::bigint AND EXISTS (SELECT 1 FROM held)
+)
+-- The rate comes back with the run: the throttle needs it, and reading it here
+-- costs no round trip. first_pending_at: for the pending -> claimed histogram.
+SELECT moved.id, o.runs_per_hour_limit, moved.first_pending_at
+FROM moved JOIN organization o ON o.id = %(org)s::bigint
+""",
+)
+
+# The channel parked long polls and the backend dispatcher LISTEN on. Triggers
+# on run and runner (migration 0004) notify it when a run becomes claimable.
+NOTIFY_CHANNEL = "gantry_claimable"
+NOTIFY = "SELECT pg_notify(%s, %s)"
