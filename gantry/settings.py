@@ -305,7 +305,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "json": {"()": "runners.logsetup.JsonFormatter"},  # shared with the client programs
+        "json": {"()": "gantry_wire.logsetup.JsonFormatter"},  # shared with the client programs
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json"},
