@@ -126,7 +126,7 @@ def venv_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def data_dir() -> Path:
-    """The data folder; the same rule as ``gantry.embedded.data_dir`` (which this script cannot import)."""
+    """The data folder; the same rule as ``gantry.conf.data_dir`` (which this script cannot import)."""
     path = Path(os.environ.get("GANTRY_DATA_DIR") or ROOT / ".gantry-data").expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path

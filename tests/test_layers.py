@@ -12,6 +12,9 @@
 Every import counts, those inside functions or under ``TYPE_CHECKING`` too.
 ``tests/runners/test_no_server_code.py`` checks the client side again at run
 time, in a fresh interpreter.
+
+And one module reads the server's ``GANTRY_*`` variables: ``gantry/conf.py``
+(with its readers, ``gantry/env.py``); every other module asks it.
 """
 
 from __future__ import annotations
@@ -108,3 +111,74 @@ def test_the_server_names_no_runner_module_by_dotted_path() -> None:
 def test_the_core_imports_none_of_the_apps_built_on_it() -> None:
     apps = tuple(f"gantry.{app}" for app in ("dispatch", "api", "web", "logs", "reapers"))
     assert _offences("gantry/core", apps) == []
+
+
+# ---------------------------------------------------------------- who reads GANTRY_* variables
+
+# The environment readers of gantry/env.py, and os's own.
+_ENV_READERS = frozenset({"envstr", "envint", "envbool", "envlist", "getenv"})
+_CONF_MODULES = frozenset({"gantry/conf.py", "gantry/env.py"})
+# The server process's knobs, still read where they are used: another branch
+# moves them into conf.py's "server process" section, so these files are
+# left as they are here. Exactly these names, in exactly these files.
+_SERVER_PROCESS_KNOBS = {
+    "gantry/asgi.py": {"GANTRY_SYNC_THREADS", "GANTRY_POLL_THREADS", "GANTRY_FAST_LANE_LOOP"},
+    "gantry/api/fastlane.py": {"GANTRY_FAST_LANE"},
+    "gantry/api/lanedb.py": {"GANTRY_LANE_DB_POOL_MAX"},
+    "gantry/dispatch/asyncpoll.py": {"GANTRY_POLL_RECHECK_SECONDS"},
+}
+
+
+def _is_environ(node: ast.expr) -> bool:
+    """``os.environ`` or a bare ``environ``."""
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
+
+
+def _gantry_name(node: ast.expr | None) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("GANTRY_"):
+        return node.value
+    return None
+
+
+def _env_reads(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, name) of every read of a literal ``GANTRY_*`` variable: ``os.environ[...]``, ``.get``, ``in``,
+    ``os.getenv``, or one of gantry/env.py's readers."""
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Subscript) and _is_environ(node.value):
+            name = _gantry_name(node.slice)
+        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+            name = _gantry_name(node.left)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            environ_method = isinstance(func, ast.Attribute) and _is_environ(func.value)
+            if called in _ENV_READERS or (environ_method and called in ("get", "pop", "setdefault")):
+                name = _gantry_name(node.args[0])
+        if name:
+            yield node.lineno, name
+
+
+def test_the_reads_are_found() -> None:
+    """The control for the test below: each way of reading the environment is seen."""
+    source = (
+        "import os\nfrom os import environ\nfrom gantry.env import envint\n"
+        "a = os.environ['GANTRY_A']\nb = os.environ.get('GANTRY_B')\nc = os.getenv('GANTRY_C')\n"
+        "d = 'GANTRY_D' in os.environ\ne = envint('GANTRY_E', 1)\nf = environ.get('GANTRY_F')\n"
+        "g = os.environ.get('HOME')\nh = settings.GANTRY_H\n"
+    )
+    assert sorted(name for _, name in _env_reads(ast.parse(source))) == [f"GANTRY_{c}" for c in "ABCDEF"]
+
+
+def test_only_conf_reads_gantry_variables() -> None:
+    found = []
+    for path in _sources("gantry"):
+        rel = str(path.relative_to(ROOT))
+        if rel in _CONF_MODULES:
+            continue
+        for line, name in _env_reads(ast.parse(path.read_text())):
+            if name not in _SERVER_PROCESS_KNOBS.get(rel, set()):
+                found.append(f"{rel}:{line} {name}")
+    assert found == []
