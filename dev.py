@@ -53,7 +53,7 @@ if sys.version_info < (3, 11):  # noqa: UP036 - the check is for whoever runs th
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from runners import procfs  # noqa: E402 - standard library only, like this script; needs ROOT on the path
+from gantry_wire import procfs  # noqa: E402 - standard library only, like this script; needs ROOT on the path
 
 VENV = ROOT / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
@@ -126,7 +126,7 @@ def venv_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def data_dir() -> Path:
-    """The data folder; the same rule as ``gantry.embedded.data_dir`` (which this script cannot import)."""
+    """The data folder; the same rule as ``gantry.conf.data_dir`` (which this script cannot import)."""
     path = Path(os.environ.get("GANTRY_DATA_DIR") or ROOT / ".gantry-data").expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -212,7 +212,7 @@ def _context_entry(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 
 def cmd_runner_image(args: Sequence[str]) -> int:
-    """Build the runner image from a context of just runners/Dockerfile and runners/ (sent as a tar on stdin)."""
+    """Build the runner image from a context of just runners/Dockerfile, runners/ and gantry_wire/ (a tar on stdin)."""
     parser = argparse.ArgumentParser(prog="python3 dev.py runner-image", description="Build the runner image.")
     parser.add_argument("--base", default="python:3.11-slim", help="BASE_IMAGE: any image with python3 3.11+")
     parser.add_argument("--tag", default="gantry-runner:local", help="the image's tag (default gantry-runner:local)")
@@ -223,9 +223,10 @@ def cmd_runner_image(args: Sequence[str]) -> int:
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
         tar.add(ROOT / "runners" / "Dockerfile", arcname="Dockerfile", filter=_context_entry)
-        for path in sorted((ROOT / "runners").iterdir()):
-            if path.name != "Dockerfile":
-                tar.add(path, arcname=f"runners/{path.name}", filter=_context_entry)
+        for package in ("runners", "gantry_wire"):  # the runner and the package it shares with the server
+            for path in sorted((ROOT / package).iterdir()):
+                if path.name != "Dockerfile":
+                    tar.add(path, arcname=f"{package}/{path.name}", filter=_context_entry)
     say(f"building {opts.tag} on {opts.base}")
     argv = [docker, "build", "--network", "none", "--build-arg", f"BASE_IMAGE={opts.base}", "--tag", opts.tag, "-"]
     return subprocess.run(argv, input=context.getvalue()).returncode

@@ -1,17 +1,188 @@
-"""Gantry's own knobs, each with its default written once.
+"""Every ``GANTRY_*`` variable the server reads, read and checked here, each with its default written once.
 
-Read through :func:`get` (cached) rather than ``os.environ`` so a value is parsed
-and validated in one place. Durations are whole seconds.
+No other module under ``gantry/`` reads the environment for a ``GANTRY_*``
+name (``tests/test_layers.py``); they ask this one, each value parsed and
+validated in one place:
+
+- :func:`django`: what ``settings.py`` hands Django and its libraries (the
+  services' URLs, keys, hosts, the pool, the log store), under Django's names
+  there;
+- :func:`data_dir`: the data folder (``embedded.py``, the generated secret
+  key, the local log store);
+- :func:`get`: Gantry's own timings and switches (the reapers, the claim, the
+  runner's intervals, retention);
+- :func:`github`: the instance's GitHub access, for github_actions groups;
+- the server process's knobs (``gantry.asgi``), in the last section.
+
+A malformed value (a word where a number belongs, a number out of bounds, an
+unknown boolean) stops the process at start with ``ImproperlyConfigured``
+naming the variable, never a silent default: the readers in ``gantry/env.py``
+raise it, and the checks below. docs/configuration.md lists every variable.
+Durations are whole seconds. Read through these (cached) functions, never
+``os.environ``.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from gantry.env import envbool, envint, envstr
+from gantry.env import envbool, envint, envlist, envstr
+
+# The folder holding manage.py (settings.BASE_DIR).
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------- Django and its libraries (settings.py)
+
+
+@dataclass(frozen=True)
+class DjangoConf:
+    """What settings.py hands Django and its libraries; settings keeps Django's names and the fallbacks.
+
+    Secrets and URLs (which may carry a password) stay out of ``repr``.
+    """
+
+    debug: bool
+    # GANTRY_SECRET_KEY, else DJANGO_SECRET_KEY; empty: settings keeps a generated one in the data folder.
+    secret_key: str = field(repr=False)
+    allowed_hosts: list[str]
+    csrf_trusted_origins: list[str]
+    secure_cookies: bool
+    # PASSWORD_RESET_TIMEOUT: a new user's set-password link, in seconds.
+    password_link_ttl: int
+    # The root logger's level, upper case.
+    log_level: str
+    # Empty: the embedded PostgreSQL / Redis, on the development path only (settings refuses otherwise).
+    database_url: str = field(repr=False)
+    redis_url: str = field(repr=False)
+    # Use the embedded databases outside the development path.
+    embedded: bool
+    # A Redis database number (0-15) replacing the URL's own; None keeps the URL's.
+    redis_db: int | None
+    db_pool: bool
+    db_pool_min: int
+    db_pool_max: int
+    db_pool_timeout: int
+    # The test suite's database (pytest-django); empty: Django's test_<name>.
+    test_database_name: str
+    # Empty: REDIS_URL.
+    celery_broker_url: str = field(repr=False)
+    celery_queue: str
+    # Group and runner JWT signing keys by kid, the signing one first; empty: settings signs with SECRET_KEY.
+    jwt_keys: dict[str, str] = field(repr=False)
+    # Fernet keys for stack secrets, comma separated, as given (gantry/core/secrets.py parses them).
+    secrets_keys: str = field(repr=False)
+    # Sealed log chunks: S3 when a bucket is named, else files under log_dir (empty: <data folder>/logs).
+    log_dir: str
+    s3_bucket: str
+    s3_prefix: str
+    s3_endpoint_url: str
+    s3_region: str
+    s3_addressing_style: str
+
+
+def _redis_db() -> int | None:
+    raw = envstr("GANTRY_REDIS_DB")
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 <= int(raw) <= 15:
+        raise ImproperlyConfigured(f"GANTRY_REDIS_DB must be a Redis database number from 0 to 15, not {raw!r}")
+    return int(raw)
+
+
+def _jwt_keys() -> dict[str, str]:
+    """``kid:secret,kid2:secret2``: the first signs, all verify, so a key can be rotated in."""
+    keys: dict[str, str] = {}
+    raw = envstr("GANTRY_JWT_KEYS")
+    if not raw:
+        return keys
+    for item in raw.split(","):
+        kid, sep, secret = item.strip().partition(":")
+        if not sep or not kid or len(secret) < 32:
+            raise ImproperlyConfigured("GANTRY_JWT_KEYS must be 'kid:secret,...' with secrets of 32+ characters")
+        keys[kid] = secret
+    return keys
+
+
+def _secrets_keys() -> str:
+    raw = envstr("GANTRY_SECRETS_KEYS")
+    for key in filter(None, (k.strip() for k in raw.split(","))):
+        from cryptography.fernet import Fernet
+
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise ImproperlyConfigured(
+                "GANTRY_SECRETS_KEYS must be comma-separated Fernet keys (python -c 'from cryptography.fernet "
+                "import Fernet; print(Fernet.generate_key().decode())')"
+            ) from None
+    return raw
+
+
+def _s3_addressing_style() -> str:
+    style = envstr("GANTRY_S3_ADDRESSING_STYLE", "auto")
+    if style not in ("auto", "path", "virtual"):
+        raise ImproperlyConfigured("GANTRY_S3_ADDRESSING_STYLE must be auto, path or virtual")
+    return style
+
+
+def _log_level() -> str:
+    level = (envstr("GANTRY_LOG_LEVEL") or "INFO").strip().upper()
+    if level not in logging.getLevelNamesMapping():
+        raise ImproperlyConfigured(f"GANTRY_LOG_LEVEL={level!r} is not a level (DEBUG, INFO, WARNING, ERROR)")
+    return level
+
+
+@functools.cache
+def django() -> DjangoConf:
+    return DjangoConf(
+        debug=envbool("GANTRY_DEBUG", False),
+        secret_key=envstr("GANTRY_SECRET_KEY") or envstr("DJANGO_SECRET_KEY"),
+        allowed_hosts=envlist("GANTRY_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"]),
+        csrf_trusted_origins=envlist("GANTRY_CSRF_TRUSTED_ORIGINS", []),
+        secure_cookies=envbool("GANTRY_SECURE_COOKIES", False),
+        password_link_ttl=envint("GANTRY_PASSWORD_LINK_TTL", 3 * 24 * 3600, minimum=60),
+        log_level=_log_level(),
+        database_url=envstr("DATABASE_URL"),
+        redis_url=envstr("REDIS_URL"),
+        embedded=envbool("GANTRY_EMBEDDED", False),
+        redis_db=_redis_db(),
+        db_pool=envbool("GANTRY_DB_POOL", True),
+        db_pool_min=envint("GANTRY_DB_POOL_MIN", 2, minimum=0),
+        db_pool_max=envint("GANTRY_DB_POOL_MAX", 20, minimum=1),
+        db_pool_timeout=envint("GANTRY_DB_POOL_TIMEOUT", 10, minimum=1),
+        test_database_name=envstr("GANTRY_TEST_DATABASE_NAME"),
+        celery_broker_url=envstr("CELERY_BROKER_URL"),
+        celery_queue=envstr("GANTRY_CELERY_QUEUE") or "gantry",
+        jwt_keys=_jwt_keys(),
+        secrets_keys=_secrets_keys(),
+        log_dir=envstr("GANTRY_LOG_DIR"),
+        s3_bucket=envstr("GANTRY_S3_BUCKET"),
+        s3_prefix=envstr("GANTRY_S3_PREFIX"),
+        # boto3 finds credentials itself (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profiles, instance roles).
+        s3_endpoint_url=envstr("GANTRY_S3_ENDPOINT_URL") or envstr("AWS_ENDPOINT_URL_S3") or envstr("AWS_ENDPOINT_URL"),
+        s3_region=envstr("GANTRY_S3_REGION") or envstr("AWS_REGION") or envstr("AWS_DEFAULT_REGION"),
+        s3_addressing_style=_s3_addressing_style(),
+    )
+
+
+# ---------------------------------------------------------------- the data folder (embedded.py)
+
+
+def data_dir() -> Path:
+    """``GANTRY_DATA_DIR``, else ``.gantry-data`` beside manage.py; not created here (``embedded.data_dir`` does).
+
+    ``dev.py``, which cannot import this module, applies the same rule.
+    """
+    return Path(os.environ.get("GANTRY_DATA_DIR") or BASE_DIR / ".gantry-data").expanduser().resolve()
+
+
+# ---------------------------------------------------------------- Gantry's knobs
 
 
 @dataclass(frozen=True)
@@ -92,6 +263,8 @@ def get() -> GantryConf:
     return conf
 
 
+# ---------------------------------------------------------------- GitHub (github_actions groups)
+
 GITHUB_API_URL = "https://api.github.com"
 GITHUB_OIDC_ISSUER = "https://token.actions.githubusercontent.com"
 
@@ -159,3 +332,14 @@ def github() -> GitHubConf:
     )
     conf.check()
     return conf
+
+
+# ---------------------------------------------------------------- the server process (gantry.asgi)
+#
+# The ASGI server's own knobs go in this section, each read once here like the
+# ones above: GANTRY_SYNC_THREADS and GANTRY_POLL_THREADS (gantry/asgi.py's
+# thread pools), GANTRY_FAST_LANE and GANTRY_FAST_LANE_LOOP (gantry/api/fastlane.py,
+# gantry/asgi.py), GANTRY_LANE_DB_POOL_MAX (gantry/api/lanedb.py) and
+# GANTRY_POLL_RECHECK_SECONDS (gantry/dispatch/asyncpoll.py). Those modules
+# still read them themselves until they move here (issue 22);
+# tests/test_layers.py allows exactly those names in exactly those files.

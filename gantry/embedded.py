@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import socket
 import subprocess
 import time
@@ -25,12 +24,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gantry import conf
+
 DB_NAME = "gantry"
 
 
 def data_dir() -> Path:
-    default = Path(__file__).resolve().parent.parent / ".gantry-data"
-    path = Path(os.environ.get("GANTRY_DATA_DIR") or default).expanduser().resolve()
+    """The data folder (``conf.data_dir``: ``GANTRY_DATA_DIR``), created if missing."""
+    path = conf.data_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -1,8 +1,10 @@
-"""Strict readers for settings taken from the environment.
+"""Strict readers for settings taken from the environment: ``gantry.conf``'s.
 
 Every reader fails loudly with the variable's name when a value is malformed:
 a typo in a deployment's environment must stop the process at start, not show
-up hours later as a surprising default.
+up hours later as a surprising default. ``gantry/conf.py`` is where they are
+called for a ``GANTRY_*`` name (tests/test_layers.py holds that); everything
+else asks conf for the value.
 """
 
 from __future__ import annotations

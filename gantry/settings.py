@@ -1,7 +1,8 @@
 """Django settings, all from the environment (see docs/configuration.md).
 
-Gantry's own knobs (``GANTRY_*`` timings and switches) are read in
-``gantry.conf``; this module holds what Django and its libraries need.
+Every variable is read and checked in ``gantry.conf``, this module's values
+(``conf.django()``) and Gantry's own knobs (``conf.get()``) alike; this module
+only shapes them into what Django and its libraries need.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from gantry import conf, embedded
-from gantry.env import envbool, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-DEBUG = envbool("GANTRY_DEBUG", False)
+# Read and checked at once, so a malformed variable stops the process here.
+_env = conf.django()
+
+DEBUG = _env.debug
 
 
 def _secret_key() -> str:
-    key = envstr("GANTRY_SECRET_KEY") or envstr("DJANGO_SECRET_KEY")
-    if key:
-        return key
+    if _env.secret_key:
+        return _env.secret_key
     # No key configured: keep one in the data folder so sessions and signed
     # tokens survive a restart of a local installation.
     path = embedded.data_dir() / "secret_key"
@@ -36,8 +38,8 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 
-ALLOWED_HOSTS = envlist("GANTRY_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
-CSRF_TRUSTED_ORIGINS = envlist("GANTRY_CSRF_TRUSTED_ORIGINS", [])
+ALLOWED_HOSTS = list(_env.allowed_hosts)
+CSRF_TRUSTED_ORIGINS = list(_env.csrf_trusted_origins)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -102,8 +104,7 @@ def _database_from_url(url: str) -> dict[str, object]:
     name = unquote(parts.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured("DATABASE_URL names no database")
-    pooled = envbool("GANTRY_DB_POOL", True)
-    if pooled:
+    if _env.db_pool:
         from psycopg_pool.base import AttemptWithBackoff
 
         # While the database is down the pool retries each missing connection
@@ -115,9 +116,9 @@ def _database_from_url(url: str) -> dict[str, object]:
         AttemptWithBackoff.DELAY_BACKOFF = 1.0
         # psycopg's pool (Django 5.1+): the poll path reuses warm connections.
         options["pool"] = {
-            "min_size": envint("GANTRY_DB_POOL_MIN", 2, minimum=0),
-            "max_size": envint("GANTRY_DB_POOL_MAX", 20, minimum=1),
-            "timeout": envint("GANTRY_DB_POOL_TIMEOUT", 10, minimum=1),
+            "min_size": _env.db_pool_min,
+            "max_size": _env.db_pool_max,
+            "timeout": _env.db_pool_timeout,
         }
     return {
         "ENGINE": "django.db.backends.postgresql",
@@ -133,7 +134,7 @@ def _database_from_url(url: str) -> dict[str, object]:
         # Django's own check of a kept connection. After a database restart a
         # dead connection is then replaced instead of failing the request.
         "CONN_HEALTH_CHECKS": True,
-        "TEST": {"NAME": envstr("GANTRY_TEST_DATABASE_NAME") or None},
+        "TEST": {"NAME": _env.test_database_name or None},
     }
 
 
@@ -141,40 +142,35 @@ def _database_from_url(url: str) -> dict[str, object]:
 # path: `dev.py` sets GANTRY_EMBEDDED=1, the test suite runs under pytest, mypy's
 # Django plugin loads these settings, and DEBUG is a developer's switch. A production server missing DATABASE_URL or
 # REDIS_URL must stop here, not quietly boot databases of its own in a folder.
-if not (envstr("DATABASE_URL") and envstr("REDIS_URL")) and not (
-    DEBUG or envbool("GANTRY_EMBEDDED", False) or "pytest" in sys.modules or "mypy" in sys.modules
+if not (_env.database_url and _env.redis_url) and not (
+    DEBUG or _env.embedded or "pytest" in sys.modules or "mypy" in sys.modules
 ):
     raise ImproperlyConfigured(
         "DATABASE_URL and REDIS_URL must be set (postgres://... and redis://...). The embedded databases are "
         "for development only: run `python3 dev.py run`, or set GANTRY_EMBEDDED=1 to use them on purpose."
     )
-DATABASE_URL = envstr("DATABASE_URL") or embedded.postgres_url()
+DATABASE_URL = _env.database_url or embedded.postgres_url()
 DATABASES = {"default": _database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = envstr("REDIS_URL") or embedded.redis_url()
+REDIS_URL = _env.redis_url or embedded.redis_url()
 # Another database of the same Redis (0-15), replacing the URL's own: the
 # test suite runs on one of its own (dev.py test sets it), so it never touches
 # a development server's throttle buckets or live logs on the same Redis.
-_redis_db = envstr("GANTRY_REDIS_DB")
-if _redis_db:
-    if not _redis_db.isdigit() or not 0 <= int(_redis_db) <= 15:
-        raise ImproperlyConfigured(f"GANTRY_REDIS_DB must be a Redis database number from 0 to 15, not {_redis_db!r}")
-    REDIS_URL = urlsplit(REDIS_URL)._replace(path=f"/{int(_redis_db)}").geturl()
+if _env.redis_db is not None:
+    REDIS_URL = urlsplit(REDIS_URL)._replace(path=f"/{_env.redis_db}").geturl()
 
 # Sealed log chunks (docs/logs.md): S3 when a bucket is named, else files
 # under GANTRY_LOG_DIR (empty: <data folder>/logs, created on first use).
-GANTRY_LOG_DIR = envstr("GANTRY_LOG_DIR")
-GANTRY_S3_BUCKET = envstr("GANTRY_S3_BUCKET")
-GANTRY_S3_PREFIX = envstr("GANTRY_S3_PREFIX")
+GANTRY_LOG_DIR = _env.log_dir
+GANTRY_S3_BUCKET = _env.s3_bucket
+GANTRY_S3_PREFIX = _env.s3_prefix
 # boto3 finds credentials itself (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,
 # profiles, instance roles); the endpoint must also be reachable by runners,
 # which PUT to presigned URLs on it.
-GANTRY_S3_ENDPOINT_URL = envstr("GANTRY_S3_ENDPOINT_URL") or envstr("AWS_ENDPOINT_URL_S3") or envstr("AWS_ENDPOINT_URL")
-GANTRY_S3_REGION = envstr("GANTRY_S3_REGION") or envstr("AWS_REGION") or envstr("AWS_DEFAULT_REGION")
-GANTRY_S3_ADDRESSING_STYLE = envstr("GANTRY_S3_ADDRESSING_STYLE", "auto")
-if GANTRY_S3_ADDRESSING_STYLE not in ("auto", "path", "virtual"):
-    raise ImproperlyConfigured("GANTRY_S3_ADDRESSING_STYLE must be auto, path or virtual")
+GANTRY_S3_ENDPOINT_URL = _env.s3_endpoint_url
+GANTRY_S3_REGION = _env.s3_region
+GANTRY_S3_ADDRESSING_STYLE = _env.s3_addressing_style
 # A live log push carries up to 2 MiB of gzip as base64 in JSON (~2.8 MB),
 # over Django's default of 2.5 MB; the push validates its own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
@@ -184,7 +180,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "web:login"
-PASSWORD_RESET_TIMEOUT = envint("GANTRY_PASSWORD_LINK_TTL", 3 * 24 * 3600, minimum=60)
+PASSWORD_RESET_TIMEOUT = _env.password_link_ttl
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -236,14 +232,8 @@ SPECTACULAR_SETTINGS = {
 # Signing keys for group and runner JWTs: "kid:secret,kid2:secret2"; the
 # first signs, all verify, so a key can be rotated in without cutting off
 # tokens signed by the old one.
-_jwt_keys_raw = envstr("GANTRY_JWT_KEYS")
-if _jwt_keys_raw:
-    GANTRY_JWT_KEYS: dict[str, str] = {}
-    for item in _jwt_keys_raw.split(","):
-        kid, sep, secret = item.strip().partition(":")
-        if not sep or not kid or len(secret) < 32:
-            raise ImproperlyConfigured("GANTRY_JWT_KEYS must be 'kid:secret,...' with secrets of 32+ characters")
-        GANTRY_JWT_KEYS[kid] = secret
+if _env.jwt_keys:
+    GANTRY_JWT_KEYS: dict[str, str] = dict(_env.jwt_keys)
     GANTRY_JWT_SIGNING_KID = next(iter(GANTRY_JWT_KEYS))
 else:
     GANTRY_JWT_KEYS = {"default": SECRET_KEY}
@@ -251,24 +241,14 @@ else:
 
 # Keys that encrypt stack secrets at rest (gantry/core/secrets.py): Fernet keys,
 # comma separated; the first encrypts, all decrypt. Empty: one derived from SECRET_KEY.
-GANTRY_SECRETS_KEYS = envstr("GANTRY_SECRETS_KEYS")
-for _key in filter(None, (k.strip() for k in GANTRY_SECRETS_KEYS.split(","))):
-    from cryptography.fernet import Fernet
-
-    try:
-        Fernet(_key)
-    except (ValueError, TypeError):
-        raise ImproperlyConfigured(
-            "GANTRY_SECRETS_KEYS must be comma-separated Fernet keys (python -c 'from cryptography.fernet "
-            "import Fernet; print(Fernet.generate_key().decode())')"
-        ) from None
+GANTRY_SECRETS_KEYS = _env.secrets_keys
 
 # Gantry's knobs, read once here so a malformed one stops the process at start.
 _conf = conf.get()
 
-CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
+CELERY_BROKER_URL = _env.celery_broker_url or REDIS_URL
 # Gantry's queue on the broker; installations sharing one Redis each name their own.
-CELERY_TASK_DEFAULT_QUEUE = envstr("GANTRY_CELERY_QUEUE") or "gantry"
+CELERY_TASK_DEFAULT_QUEUE = _env.celery_queue
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Beat sending a reaper tick while Redis restarts: retry for about ten seconds
 # instead of logging the tick as lost at ERROR (a missed tick is only late work).
@@ -305,12 +285,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "json": {"()": "runners.logsetup.JsonFormatter"},  # shared with the client programs
+        "json": {"()": "gantry_wire.logsetup.JsonFormatter"},  # shared with the client programs
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json"},
     },
-    "root": {"handlers": ["console"], "level": envstr("GANTRY_LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["console"], "level": _env.log_level},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         # One line per GitHub call at INFO; the dispatcher logs what matters.
@@ -318,7 +298,7 @@ LOGGING = {
     },
 }
 
-if envbool("GANTRY_SECURE_COOKIES", False):
+if _env.secure_cookies:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"  # one-time tokens never sit in a cookie

@@ -45,9 +45,9 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
+from gantry_wire.logsetup import event
 from launchers import register
 from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
-from runners.logsetup import event
 
 log = logging.getLogger("gantry.launcher.docker")
 

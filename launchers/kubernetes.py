@@ -53,6 +53,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gantry_wire.logsetup import event
 from launchers import register
 from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
 from launchers.kubernetes_pod import (
@@ -67,7 +68,6 @@ from launchers.kubernetes_pod import (
     pod_name,
     secret_manifest,
 )
-from runners.logsetup import event
 
 log = logging.getLogger("gantry.launcher.kubernetes")
 

@@ -37,15 +37,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gantry_wire import procfs
+from gantry_wire.logsetup import event
+from gantry_wire.protocol import RUNNER_INHERITED_ENV
 from launchers import register
 from launchers.base import Assignment, Launcher, LaunchError, UnseenExit, WorkerHandle
-from runners import procfs
-from runners.logsetup import event
-from runners.protocol import RUNNER_INHERITED_ENV
 
 log = logging.getLogger("gantry.launcher.local")
 
-# The folder holding the `runners` package: the worker's working directory and PYTHONPATH.
+# The folder holding the `runners` and `gantry_wire` packages: the worker's working directory and PYTHONPATH.
 CODE_ROOT = Path(__file__).resolve().parent.parent
 MODULE = "runners.ephemeral"
 
@@ -289,7 +289,7 @@ class LocalLauncher(Launcher):
         return code
 
 
-# ---------------------------------------------------------------- processes (runners.procfs)
+# ---------------------------------------------------------------- processes (gantry_wire.procfs)
 
 
 def _is_our_process(pid: int, start_ticks: Any, run_id: str) -> bool:

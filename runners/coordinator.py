@@ -48,11 +48,11 @@ from pathlib import Path
 from types import FrameType
 
 import launchers
+from gantry_wire import logsetup
+from gantry_wire.logsetup import event
 from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
-from runners import logsetup
 from runners.cli import check_range, env_number
 from runners.client import DEFAULT_RETRY, ApiError, Backoff, Claim, GantryClient, RequestAborted, RetryPolicy
-from runners.logsetup import event
 from runners.reconcile import Fleet, Reconciler, describe
 
 log = logging.getLogger("gantry.coordinator")

@@ -46,13 +46,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from runners import logsetup
+from gantry_wire import logsetup
+from gantry_wire.logsetup import event
+from gantry_wire.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES
 from runners.cli import check_range, env_number
 from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable, fetch_actions_oidc_token
 from runners.logbuf import LogBuffer, LogShipper, Manifest
-from runners.logsetup import event
 from runners.masking import SecretMasker
-from runners.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES
 from runners.steps import EXIT_CANNOT_EXECUTE, EXIT_TIMEOUT, STOP_WORDS, StepLog, StepStartFailed, StepSupervisor
 
 log = logging.getLogger("gantry.runner")

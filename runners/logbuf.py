@@ -28,9 +28,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gantry_wire.logsetup import event
+from gantry_wire.protocol import truncation_line
 from runners.client import ApiError, GantryClient, RetryPolicy
-from runners.logsetup import event
-from runners.protocol import truncation_line
 
 log = logging.getLogger("gantry.runner.logs")
 

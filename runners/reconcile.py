@@ -32,16 +32,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gantry_wire.logsetup import event
+from gantry_wire.protocol import RECONCILE_MAX_WORKERS, TERMINAL_STATUSES
 from launchers.base import Launcher, LaunchError, WorkerHandle
 from runners.client import ApiError, Backoff, GantryClient, RetryPolicy
-from runners.logsetup import event
-from runners.protocol import TERMINAL_STATUSES
 
 log = logging.getLogger("gantry.coordinator")
 
-# The server's bounds on one report (docs/protocol.md): workers per call,
-# and an exited worker's last lines (count, characters each).
-MAX_WORKERS = 1000
+# The server's bound on workers per report (docs/protocol.md); and what this
+# side sends of an exited worker's last lines (count, characters each), well
+# within the server's bounds on them.
+MAX_WORKERS = RECONCILE_MAX_WORKERS
 LAST_LINES = 20
 LINE_CHARS = 500
 # Exits kept for the next report while Gantry cannot be reached; past this the

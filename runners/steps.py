@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Protocol
 
-from runners import procfs
-from runners.logsetup import event
+from gantry_wire import procfs
+from gantry_wire.logsetup import event
 from runners.masking import SecretMasker
 
 log = logging.getLogger("gantry.runner")

@@ -1,14 +1,14 @@
 """The fixed sizes of the log contract (docs/logs.md), written once.
 
 ``CHUNK_SIZE`` and ``SEAL_INTERVAL`` are the runner protocol's
-(``runners.protocol``): RunContext hands them to the runner as
+(``gantry_wire.protocol``): RunContext hands them to the runner as
 ``logs.chunk_size_bytes`` and ``logs.seal_interval_s``.
 """
 
 from __future__ import annotations
 
 from gantry.core.manifest import MAX_CHUNKS
-from runners.protocol import CHUNK_SIZE, SEAL_INTERVAL
+from gantry_wire.protocol import CHUNK_SIZE, SEAL_INTERVAL
 
 __all__ = [
     "CHUNK_GZIP_MAX",

@@ -59,7 +59,7 @@ from gantry.logs import live
 from gantry.logs.limits import CHUNK_TEXT_MAX, MAX_CHUNKS, PAGE_BYTES
 from gantry.logs.storage import LogStorage, get_storage
 from gantry.redis import client
-from runners.protocol import truncation_line
+from gantry_wire.protocol import truncation_line
 
 log = logging.getLogger("gantry.logs")
 

@@ -1,4 +1,4 @@
-"""Gantry's client side as one file: the ``runners`` package as a zipapp, at a versioned URL.
+"""Gantry's client side as one file: the ``runners`` and ``gantry_wire`` packages as a zipapp, at a versioned URL.
 
 A job that should run a Gantry run (the GitHub Actions workflow template,
 ``launchers/github_actions/gantry-runner.yml``, or any CI job) needs only
@@ -11,7 +11,10 @@ Python 3.11+ and ``curl``::
 ``/runner/gantry-runner-<version>.pyz``, whose version is the first 12 hex
 digits of the file's sha256: the same code always has the same URL, so that
 one may be cached for ever (and pinned), and a server upgrade moves it. The
-``runners`` package is standard-library only, so the zip holds nothing else.
+``runners`` package and the shared ``gantry_wire`` it imports are
+standard-library only, so the zip holds nothing else. The server finds their
+files beside its own (``BASE_DIR``) rather than importing them: it never loads
+the runner's code.
 The archive is built once per process, byte for byte the same in every
 process (sorted entries, fixed timestamps), so any web process serves the
 version another one redirected to.
@@ -26,12 +29,15 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 
-import runners
-
 NAME = "gantry-runner"
-_MAIN = b"import sys\n\nfrom runners.ephemeral import main\n\nsys.exit(main())\n"
+# The top-level packages the zip carries, from the repository root: the runner and what it shares with the server.
+PACKAGES = ("runners", "gantry_wire")
+# The zip's entry point runs the runner exactly as ``python -m runners.ephemeral`` does (its
+# coordinator-started and container runs), as a module name: the server imports none of it.
+_MAIN = b'import runpy\n\nrunpy.run_module("runners.ephemeral", run_name="__main__", alter_sys=True)\n'
 _SHEBANG = b"#!/usr/bin/env python3\n"
 
 
@@ -58,14 +64,18 @@ def _entry(name: str) -> zipfile.ZipInfo:
 
 @functools.cache
 def archive() -> Archive:
-    """The zipapp of this server's ``runners`` package (its ``__main__`` runs the ephemeral runner)."""
-    package = Path(runners.__file__).resolve().parent
+    """The zipapp of this server's ``runners`` and ``gantry_wire`` (its ``__main__`` runs the ephemeral runner)."""
+    root = Path(settings.BASE_DIR)
     buf = io.BytesIO()
     buf.write(_SHEBANG)
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr(_entry("__main__.py"), _MAIN)
-        for path in sorted(package.glob("*.py")):
-            zf.writestr(_entry(f"runners/{path.name}"), path.read_bytes())
+        for package in PACKAGES:
+            files = sorted((root / package).glob("*.py"))
+            if not files:
+                raise FileNotFoundError(f"no {package}/*.py under {root}: the runner's zipapp cannot be built")
+            for path in files:
+                zf.writestr(_entry(f"{package}/{path.name}"), path.read_bytes())
     data = buf.getvalue()
     return Archive(data=data, sha256=hashlib.sha256(data).hexdigest())
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runners import procfs
+from gantry_wire import procfs
 from tests.e2e.conftest import wait_until as wait_for
 from tests.ports import free_port
 

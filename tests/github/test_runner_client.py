@@ -33,7 +33,7 @@ def test_the_latest_url_redirects_to_the_versioned_one() -> None:
     assert response["Location"] == f"/runner/{runner_client.archive().filename}"
 
 
-def test_the_versioned_file_is_a_zipapp_of_the_runners_package_named_by_its_hash() -> None:
+def test_the_versioned_file_is_a_zipapp_of_the_runner_packages_named_by_its_hash() -> None:
     archive = runner_client.archive()
     response = fetch(f"/runner/gantry-runner-{archive.version}.pyz")
 
@@ -46,7 +46,8 @@ def test_the_versioned_file_is_a_zipapp_of_the_runners_package_named_by_its_hash
     assert "__main__.py" in names
     assert "runners/ephemeral.py" in names
     assert "runners/client.py" in names
-    assert not [n for n in names if not (n == "__main__.py" or n.startswith("runners/"))]
+    assert "gantry_wire/protocol.py" in names  # what the runner shares with the server, imported by it
+    assert not [n for n in names if not (n == "__main__.py" or n.startswith(("runners/", "gantry_wire/")))]
     # Built the same way, it is the same file: every web process serves the same version.
     runner_client.archive.cache_clear()
     assert runner_client.archive().sha256 == archive.sha256

@@ -54,6 +54,11 @@ def test_it_starts_with_the_defaults(tmp_path: Path) -> None:
         ({"GANTRY_RETENTION_DAYS": "thirty"}, "GANTRY_RETENTION_DAYS"),
         ({"GANTRY_RETENTION_DAYS": "100000"}, "GANTRY_RETENTION_DAYS"),
         ({"GANTRY_RETENTION_BATCH_SIZE": "1000", "GANTRY_RETENTION_MAX_ROWS": "10"}, "GANTRY_RETENTION_MAX_ROWS"),
+        # Read in gantry/conf.py for settings.py (conf.django()), checked before Django starts.
+        ({"GANTRY_DEBUG": "maybe"}, "GANTRY_DEBUG"),
+        ({"GANTRY_DB_POOL_MAX": "lots"}, "GANTRY_DB_POOL_MAX"),
+        ({"GANTRY_LOG_LEVEL": "LOUD"}, "GANTRY_LOG_LEVEL"),
+        ({"GANTRY_S3_ADDRESSING_STYLE": "sideways"}, "GANTRY_S3_ADDRESSING_STYLE"),
     ],
 )
 def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path, overrides: dict[str, str], named: str) -> None:

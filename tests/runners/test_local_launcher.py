@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 import launchers
+from gantry_wire import procfs
+from gantry_wire.procfs import start_ticks as _start_ticks
 from launchers import Assignment, LaunchError
 from launchers.fake import FakeLauncher
 from launchers.local import LocalLauncher
-from runners import procfs
-from runners.procfs import start_ticks as _start_ticks
 
 STAND_IN = r"""
 import json, os, subprocess, sys, time

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import time_machine
 
+from gantry_wire.protocol import truncation_line
 from runners.client import ApiError, ServerUnreachable, Upload
 from runners.logbuf import LogBuffer, LogShipper, gzip_bytes
-from runners.protocol import truncation_line
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The client programs (runners/, launchers/) load no server code.
+"""The client programs (runners/, launchers/, and the gantry_wire/ they share with the server) load no server code.
 
 Anything under ``gantry`` pulls in Django's settings and the Celery app; a
 runner starting per run would pay for it every time, and a machine that runs
@@ -16,13 +16,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 CLIENT_MODULES = [
+    "gantry_wire.logsetup",
+    "gantry_wire.procfs",
+    "gantry_wire.protocol",
     "runners.client",
     "runners.coordinator",
     "runners.ephemeral",
     "runners.logbuf",
-    "runners.logsetup",
-    "runners.procfs",
-    "runners.protocol",
     "runners.steps",
     "launchers",
     "launchers.local",

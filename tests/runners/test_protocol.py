@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from gantry.api.runner_views import RECONCILE_MAX_LINE, RECONCILE_MAX_LINES, RECONCILE_MAX_WORKERS
 from gantry.core.models import TERMINAL, RunStatus
-from runners.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES, truncation_line
+from gantry_wire import protocol
+from gantry_wire.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES, truncation_line
+from runners import reconcile
 
 
 def test_the_runners_terminal_statuses_are_the_servers() -> None:
@@ -21,3 +24,10 @@ def test_the_truncation_line_is_one_line_naming_the_limit() -> None:
     assert line.count(b"\n") == 1
     assert b"1234" in line
     assert b"GANTRY_LOG_MAX_BYTES" in line
+
+
+def test_a_reconcile_report_fits_the_servers_bounds() -> None:
+    assert protocol.RECONCILE_MAX_WORKERS == RECONCILE_MAX_WORKERS
+    assert reconcile.MAX_WORKERS == RECONCILE_MAX_WORKERS
+    assert reconcile.LAST_LINES <= RECONCILE_MAX_LINES
+    assert reconcile.LINE_CHARS <= RECONCILE_MAX_LINE

@@ -30,7 +30,7 @@ import pytest
 
 from gantry.core import services
 from gantry.core.models import Run, RunEvent, Runner, RunStatus
-from runners import procfs
+from gantry_wire import procfs
 from runners.client import GantryClient
 from tests.runners.conftest import ROOT, Site, wait_until
 

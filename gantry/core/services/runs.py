@@ -48,7 +48,7 @@ from gantry.core.models import (
     Stack,
 )
 from gantry.core.services.transitions import Outcome, State, detail_json, move, move_plan, refusal, resolve_now
-from gantry.logs.limits import CHUNK_SIZE, SEAL_INTERVAL
+from gantry_wire.protocol import CHUNK_SIZE, SEAL_INTERVAL
 from gantry.sql import runs as sql
 from gantry.sql.rows import loaded
 from gantry.sql.statement import AfterCommit, Plan, drive

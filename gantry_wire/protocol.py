@@ -3,8 +3,9 @@
 The client side (coordinator, ephemeral runner, launchers) imports these, and
 so does the server wherever it needs the same value: the run statuses that end
 a run, the log's chunk size and seal interval, the marker lines the log can
-end with, and the environment a runner passes on. A test keeps the server's
-own enums equal to these.
+end with, the environment a runner passes on, and the bound on a reconcile
+report. A test (tests/runners/test_protocol.py) keeps the server's own
+definitions equal to these where it has its own.
 """
 
 from __future__ import annotations
@@ -30,3 +31,7 @@ STEP_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER"
 # What a runner a launcher starts inherits from the coordinator's environment
 # (plus a launcher's own pass-through list): the step's set and the runner's knobs.
 RUNNER_INHERITED_ENV = (*STEP_INHERITED_ENV, "VIRTUAL_ENV", "GANTRY_LOG_LEVEL", "GANTRY_STOP_GRACE")
+
+# Most workers one reconcile report may carry (the server's RECONCILE_MAX_WORKERS):
+# a coordinator with more sends several reports.
+RECONCILE_MAX_WORKERS = 1000

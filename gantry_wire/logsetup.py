@@ -2,10 +2,10 @@
 
 Every line carries a stable ``event`` key, so an operator greps ``"event":
 "worker.exited"`` rather than prose; a record's ``extra`` fields become keys
-of their own. The formatter lives here, on the client side and stdlib only, so
-a runner never loads server code (importing anything under ``gantry`` loads
-Django's settings and the Celery app: about 0.15 s on every runner start);
-the server's logging settings name it here too.
+of their own. The formatter lives here, in the shared package and stdlib
+only, so a runner or a launcher never loads server code (importing anything
+under ``gantry`` loads Django's settings and the Celery app: about 0.15 s on
+every runner start); the server's logging settings name it here too.
 """
 
 from __future__ import annotations
