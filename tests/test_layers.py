@@ -107,7 +107,6 @@ def test_the_server_names_no_runner_module_by_dotted_path() -> None:
     assert found == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22: core layering, in progress on another branch")
 def test_the_core_imports_none_of_the_apps_built_on_it() -> None:
     apps = tuple(f"gantry.{app}" for app in ("dispatch", "api", "web", "logs", "reapers"))
     assert _offences("gantry/core", apps) == []

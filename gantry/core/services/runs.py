@@ -48,10 +48,10 @@ from gantry.core.models import (
     Stack,
 )
 from gantry.core.services.transitions import Outcome, State, detail_json, move, move_plan, refusal, resolve_now
-from gantry_wire.protocol import CHUNK_SIZE, SEAL_INTERVAL
 from gantry.sql import runs as sql
 from gantry.sql.rows import loaded
 from gantry.sql.statement import AfterCommit, Plan, drive
+from gantry_wire.protocol import CHUNK_SIZE, SEAL_INTERVAL
 
 
 class Refused:

@@ -1,4 +1,4 @@
-"""Columns and fields of the admin that need a word of their own (``gantry.core.admin`` uses them).
+"""Columns and fields of the admin that need a word of their own (``gantry.web.admin`` uses them).
 
 - Times with seconds: Django's default date format drops them, and a run's
   events are often seconds apart.
@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from gantry.core import jsonsafe
 from gantry.core.models import WAITING, RunEvent, RunnerGroup
+from gantry.dispatch import queue
 
 
 class StorableJSONField(forms.JSONField):
@@ -63,8 +64,6 @@ class RunColumns:
     """The runs list's runner group and reason columns."""
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
-        from gantry.dispatch import queue
-
         cl: ChangeList = super().get_changelist_instance(request)  # type: ignore[misc]
         rows = list(cl.result_list)
         now = timezone.now()

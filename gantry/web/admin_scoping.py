@@ -1,6 +1,6 @@
 """What every Gantry admin page shares: scoping by organization, read-only bases, and small helpers.
 
-``gantry.core.admin`` builds each model's page on these. Scoping lives in
+``gantry.web.admin`` builds each model's page on these. Scoping lives in
 ``get_queryset`` (another org's object is simply absent) and in the foreign-key
 choices (a form cannot point at another org's rows); an org admin needs no
 Django model permission, the Membership is the grant.
@@ -19,9 +19,9 @@ from django.db import models
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
-from gantry.core.admin_display import StorableJSONField
 from gantry.core.errors import GantryError, InvalidRequest
 from gantry.core.models import Membership, Organization, Role, RunnerGroup, Stack
+from gantry.web.admin_display import StorableJSONField
 
 # --------------------------------------------------------------------------
 # Scoping

@@ -34,19 +34,6 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from gantry.core import services, specs
-from gantry.core.admin_display import NoCreatedAtOnAdd, RunColumns, StorableJSONField, seconds
-from gantry.core.admin_scoping import (
-    ReadOnlyInline,
-    ReadOnlyScopedAdmin,
-    ScopedAdmin,
-    acting_user,
-    admin_org_ids,
-    adopt,
-    allowed,
-    check_unique_name,
-    form_validated,
-    scope_fk_choices,
-)
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import (
     Deployment,
@@ -57,6 +44,20 @@ from gantry.core.models import (
     Runner,
     RunnerGroup,
     Stack,
+)
+from gantry.reapers.reapers import force_delete_runner
+from gantry.web.admin_display import NoCreatedAtOnAdd, RunColumns, StorableJSONField, seconds
+from gantry.web.admin_scoping import (
+    ReadOnlyInline,
+    ReadOnlyScopedAdmin,
+    ScopedAdmin,
+    acting_user,
+    admin_org_ids,
+    adopt,
+    allowed,
+    check_unique_name,
+    form_validated,
+    scope_fk_choices,
 )
 
 # --------------------------------------------------------------------------
@@ -332,9 +333,6 @@ class RunnerAdmin(ReadOnlyScopedAdmin):
         permissions=["operate"],
     )
     def force_delete(self, request: HttpRequest, queryset: QuerySet[Runner]) -> None:
-        # Imported here: the reapers app depends on core, not the other way round.
-        from gantry.reapers.reapers import force_delete_runner
-
         by = acting_user(request)
         self._apply(
             request,
