@@ -293,7 +293,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 # ---------------------------------------------------------------- tiers
 #
 # `python3 dev.py test -m unit` runs the fast tier: tests that need no database,
-# no Redis and no process of their own. A test is in it unless it asks for the
+# no Redis and no server of their own. A test is in it unless it asks for the
 # database (a django_db mark, a db or live-server fixture), is marked for real
 # processes or outside services, or lives where everything talks to Redis or
 # starts servers. Everything else is the integration tier (the default run
