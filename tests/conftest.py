@@ -14,6 +14,7 @@ import functools
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,7 +147,7 @@ def globex_stack(globex: Organization) -> Stack:
     return services.stack_create(org=globex, name="api", spec=SPEC)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def _no_stale_throttle_buckets() -> None:
     """Org ids restart with every test database, so a bucket an earlier session left in Redis
     would be charged to this session's org of the same id: start each session with none.
@@ -160,6 +161,13 @@ def _no_stale_throttle_buckets() -> None:
     # No Redis: the tests that need it say so themselves.
     with contextlib.suppress(redis.RedisError):
         clear_buckets()
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_throttle_buckets_before_the_first_service_test(request: pytest.FixtureRequest) -> None:
+    # Set up by the first test outside the unit tier, never by a unit test (no Redis there).
+    if not in_unit_tier(request.node):
+        request.getfixturevalue("_no_stale_throttle_buckets")
 
 
 @pytest.fixture
@@ -285,7 +293,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 # ---------------------------------------------------------------- tiers
 #
 # `python3 dev.py test -m unit` runs the fast tier: tests that need no database,
-# no Redis and no process of their own. A test is in it unless it asks for the
+# no Redis and no server of their own. A test is in it unless it asks for the
 # database (a django_db mark, a db or live-server fixture), is marked for real
 # processes or outside services, or lives where everything talks to Redis or
 # starts servers. Everything else is the integration tier (the default run
@@ -307,3 +315,157 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         if not services:
             item.add_marker(pytest.mark.unit)
+
+
+def in_unit_tier(node: pytest.Item) -> bool:
+    """Whether a test is in the fast tier: it, and every fixture it gets, must leave PostgreSQL and Redis alone.
+
+    An autouse fixture that reaches either asks this first (or is kept out of
+    the unit tier by the marks above), so `-m unit` passes with both down.
+    """
+    return node.get_closest_marker("unit") is not None
+
+
+# ---------------------------------------------------------------- the unit tier's guard
+#
+# While a unit-tier test is set up, runs and tears down its own fixtures, any
+# attempt to open a PostgreSQL or Redis connection raises ServiceInUnitTest,
+# naming the test; an attempt the code under test swallowed (Gantry degrades
+# quietly without Redis in places) still fails the test in its next phase.
+# pytest-django already refuses Django's own database connection there; this
+# covers everything else: psycopg directly (the long-poll listener, /readyz,
+# the fast lane's pool), redis-py sync and asyncio, Celery's broker.
+
+
+class ServiceInUnitTest(RuntimeError):
+    """A test in the unit tier (or one of its fixtures) opened a PostgreSQL or Redis connection."""
+
+
+# The node id of the unit-tier test whose setup, call or teardown is running; None otherwise.
+_unit_test: str | None = None
+# Threads alive when a test outside the unit tier ended (the long-poll listener, psycopg's pool
+# workers): they reconnect when they please, which is not the unit test's doing. In a `-m unit`
+# run there are none, so there the guard covers every thread.
+_service_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_violations: list[str] = []
+
+
+def _refuse(service: str) -> None:
+    test = _unit_test
+    if test is None or threading.current_thread() in _service_threads:
+        return
+    message = (
+        f"{test} is in the unit tier (`-m unit`: no database, Redis or process) but opened a {service} "
+        "connection: give the test the fixture or mark it needs (db, django_db, ...), which takes it out of "
+        "the unit tier, or keep the fixture that connects away from unit tests (in_unit_tier, tests/conftest.py)"
+    )
+    _violations.append(message)
+    raise ServiceInUnitTest(message)
+
+
+def _guard_service_connections() -> None:
+    """Route every PostgreSQL and Redis connection through _refuse first (installed once, at import)."""
+    import redis.asyncio.connection
+    import redis.connection
+
+    # psycopg's one generator behind every connection: Connection.connect, AsyncConnection.connect,
+    # psycopg.connect (an alias bound at import, so patching connect would miss it) and the pools.
+    base: Any = psycopg.BaseConnection
+    connect_gen = base.__dict__["_connect_gen"].__func__
+
+    def _connect_gen(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse("PostgreSQL")
+        return connect_gen(cls, *args, **kwargs)
+
+    base._connect_gen = classmethod(_connect_gen)
+
+    # redis-py's connect() and its connection pools all open the socket here (sync and asyncio).
+    sync_cls: Any = redis.connection.AbstractConnection
+    sync_connect = sync_cls.connect_check_health
+
+    def connect_check_health(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse("Redis")
+        return sync_connect(self, *args, **kwargs)
+
+    sync_cls.connect_check_health = connect_check_health
+
+    async_cls: Any = redis.asyncio.connection.AbstractConnection
+    async_connect = async_cls.connect_check_health
+
+    async def aconnect_check_health(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse("Redis")
+        return await async_connect(self, *args, **kwargs)
+
+    async_cls.connect_check_health = aconnect_check_health
+
+
+_guard_service_connections()
+
+
+def _carries(exc: BaseException | None) -> bool:
+    """Whether the exception is (or was raised while handling) a ServiceInUnitTest: already reported."""
+    seen = 0
+    while exc is not None and seen < 50:
+        if isinstance(exc, ServiceInUnitTest):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _report_swallowed(exc: BaseException | None) -> None:
+    """Fail the phase for refused connections the code under test caught and carried on from."""
+    violations = list(dict.fromkeys(_violations))
+    _violations.clear()
+    if violations and not _carries(exc):
+        raise ServiceInUnitTest("\n".join(violations)) from exc
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    global _unit_test
+    # Armed before any fixture (a session fixture a unit test is the first to ask for included).
+    _unit_test = item.nodeid if in_unit_tier(item) else None
+    try:
+        result = yield
+    except BaseException as exc:
+        _report_swallowed(exc)
+        raise
+    _report_swallowed(None)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    try:
+        result = yield
+    except BaseException as exc:
+        _report_swallowed(exc)
+        raise
+    _report_swallowed(None)
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_guard_disarms(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Torn down after the test's own fixtures, before wider-scoped ones: a module or session
+    fixture an earlier integration test set up (the test database) may close its connections
+    when a unit test happens to be the last of its scope, and that is not the unit test's doing."""
+    yield
+    global _unit_test
+    _unit_test = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    global _unit_test
+    try:
+        result = yield
+    except BaseException as exc:
+        _report_swallowed(exc)
+        raise
+    finally:
+        _unit_test = None
+        if not in_unit_tier(item):
+            _service_threads.update(threading.enumerate())
+    _report_swallowed(None)
+    return result

@@ -45,9 +45,11 @@ class Server:
 
 
 @contextmanager
-def asgi_server(tmp: Path, *, workers: int = 1, **env_extra: str) -> Iterator[Server]:
+def asgi_server(
+    tmp: Path, *, workers: int = 1, gunicorn_args: tuple[str, ...] = (), **env_extra: str
+) -> Iterator[Server]:
     """One worker by default (so /metrics's per-process figures are the whole server); gunicorn.conf.py as in
-    production."""
+    production. ``gunicorn_args`` go after the usual ones."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
     env.update({"GANTRY_LOG_LEVEL": "WARNING", **env_extra})
@@ -57,6 +59,7 @@ def asgi_server(tmp: Path, *, workers: int = 1, **env_extra: str) -> Iterator[Se
             [
                 sys.executable, "-m", "gunicorn", "gantry.asgi", "-b", f"127.0.0.1:{port}",
                 "--worker-class", "uvicorn_worker.UvicornWorker", "--workers", str(workers), "--no-control-socket",
+                *gunicorn_args,
             ],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0,
         )  # fmt: skip
@@ -100,7 +103,8 @@ def get(base: str, path: str, *, token: str | None = None, timeout: float = 60) 
 
 
 def wait_until(predicate: Any, what: str, seconds: float = 20) -> None:
+    """Poll ``predicate`` until it holds; ``seconds`` is a hang guard, not a figure under test."""
     deadline = time.monotonic() + seconds
     while not predicate():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, f"hang guard, {seconds:g} s: {what}"
         time.sleep(0.02)

@@ -8,24 +8,23 @@ github_actions group cannot serve, the adversarial shape of
 with one github_actions group. Each round times ``list_candidates`` (the
 statement the dispatcher runs at the start of every tick) with the default
 batch of 100, and once more with the heavy org at its in-flight cap. It
-uses the machine's PostgreSQL (``DATABASE_URL``, default a
-``gantry_bench_dispatch`` database on 127.0.0.1) and writes nothing else.
+uses exactly the database ``DATABASE_URL`` names (default
+``gantry_bench_dispatch`` on 127.0.0.1), whose Gantry tables it TRUNCATEs, and
+a Redis database of its own (tests/bench/common.py; ``--help``).
 Not a test: it prints figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-from tests.bench.common import bootstrap, execute
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_dispatch"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 LIGHT_ORGS = 49
 LIGHT_RUNS = 5
 CALLS = 30
@@ -82,11 +81,15 @@ def timed(limit: int) -> tuple[float, float, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.dispatch_candidates")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.dispatch_candidates",
+        epilog=SERVICES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--sizes", type=_ints, default=[1_000, 100_000])
     parser.add_argument("--batch", type=int, default=100)
     args = parser.parse_args(argv)
-    bootstrap(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
+    bootstrap(database_url(DEFAULT_DATABASE_URL))
     from gantry.core.models import Organization
 
     print(f"{'backlog':>10} {'heavy org':<14} {'candidates':>10} {'p50 ms':>8} {'p95 ms':>8}")

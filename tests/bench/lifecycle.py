@@ -5,12 +5,13 @@ Usage (from the repository root, with the virtualenv)::
     python -m tests.bench.lifecycle [--ks 1,4,16] [--seconds 8] [--repeat 3] [--runs 4000]
                                     [--mode asgi|gthread | --server-cmd "gunicorn ... -b 127.0.0.1:{port}"]
 
-``DATABASE_URL`` names the database (default
-``postgres://postgres@127.0.0.1:5432/gantry_bench_lifecycle``); it is created
-when missing and migrated, and its Gantry tables are TRUNCATEd: never point
-this at a database whose data you want to keep. ``REDIS_URL`` defaults to
-``redis://127.0.0.1:6379/12``. It is a measurement, not a test: it exits 0
-either way. Results and their reading are in docs/performance.md ("Runner
+The bench and the server it starts use exactly the database ``DATABASE_URL``
+names (default ``postgres://postgres@127.0.0.1:5432/gantry_bench_lifecycle``);
+it is created when missing and migrated, and its Gantry tables are TRUNCATEd:
+name a scratch database (one holding a superuser is refused). Redis: a
+database of the bench's own on ``REDIS_URL``'s server, four above its
+database unless ``GANTRY_REDIS_DB`` says (tests/bench/common.py). It is a
+measurement, not a test: it exits 0 either way. Results and their reading are in docs/performance.md ("Runner
 routes and the lifecycle benchmark").
 
 What it does, for each repetition and each K:
@@ -73,10 +74,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tests.bench.common import bootstrap, execute
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_lifecycle"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/12"
 ROOT = Path(__file__).resolve().parents[2]
 
 # The server modes, in ONE place: ``{port}`` is filled in. asgi is production's
@@ -596,7 +596,9 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog=SERVICES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ks", type=_ints, default=[1, 4, 16], help="concurrent runners (default 1,4,16)")
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds per phase (default 8)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions; figures are medians (default 3)")
@@ -606,11 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--server-cmd", help="the server command instead, with {port} for its port")
     args = parser.parse_args(argv)
 
-    url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
-    if "gantry_bench" not in url:
-        url = DEFAULT_DATABASE_URL  # never the developer's own database: the bench truncates it
-    redis_url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
-    bootstrap(url, redis_url=redis_url)
+    url = database_url(DEFAULT_DATABASE_URL)
+    bootstrap(url)
     database = unquote(urlsplit(url).path.lstrip("/"))
     fleet = setup_org()
     command = args.server_cmd or SERVER_MODES[args.mode]
@@ -618,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     env = {
         "DATABASE_URL": url,
-        "REDIS_URL": os.environ["REDIS_URL"],
+        "REDIS_URL": os.environ["REDIS_URL"],  # the bench's own Redis database (bootstrap)
+        "GANTRY_REDIS_DB": os.environ["GANTRY_REDIS_DB"],
         "GANTRY_SECRET_KEY": settings.SECRET_KEY,
         "DJANGO_SETTINGS_MODULE": "gantry.settings",
     }

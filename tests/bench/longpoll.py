@@ -5,10 +5,11 @@ Usage (from the repository root, with the virtualenv)::
     python -m tests.bench.longpoll [--levels 1,50,200,1000] [--runs 20] [--repeat 3] [--workers 2]
                                    [--threads 16] [--poll-threads 3] [--calls 100]
 
-``DATABASE_URL`` names the database (default
-``postgres://postgres@127.0.0.1:5432/gantry_bench_longpoll``; created when
-missing and migrated; each invocation adds a fresh org and leaves it there).
-``REDIS_URL`` defaults to ``redis://127.0.0.1:6379/14``. A run of the defaults
+The bench and its server use exactly the database ``DATABASE_URL`` names
+(default ``postgres://postgres@127.0.0.1:5432/gantry_bench_longpoll``; created
+when missing and migrated; each invocation adds a fresh org and leaves it
+there; one holding a superuser is refused), and a Redis database of the
+bench's own on ``REDIS_URL``'s server (tests/bench/common.py). A run of the defaults
 takes about four minutes. It is a measurement, not a test: it exits 0 either
 way. Figures and their reading: docs/performance.md, "Parked long polls".
 
@@ -71,7 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import bootstrap, execute
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_NAME = "gantry-bench-server"
@@ -432,7 +433,12 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.longpoll", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.longpoll",
+        description=__doc__.split("\n")[0],
+        epilog=SERVICES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--levels", type=_ints, default=[1, 50, 200, 1000], help="parked polls, ascending")
     parser.add_argument("--runs", type=int, default=20, help="new runs per level, one at a time")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians are printed)")
@@ -442,9 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=100, help="unrelated calls per measurement")
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry_bench_longpoll")
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
-    bootstrap(os.environ["DATABASE_URL"], redis_url=os.environ["REDIS_URL"])
+    bootstrap(database_url("postgres://postgres@127.0.0.1:5432/gantry_bench_longpoll"))
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     s = setup(args.runs * len(args.levels) * args.repeat)

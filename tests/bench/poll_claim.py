@@ -5,13 +5,14 @@ Usage (from the repository root, with the virtualenv)::
     python -m tests.bench.poll_claim [--sizes 1000,100000,1000000] [--seconds 10] [--pollers 1,8]
                                      [--shapes all,adversarial] [--matching-selectors 4] [--no-variants]
 
-``DATABASE_URL`` names the database (default
+``DATABASE_URL`` names the database, exactly (default
 ``postgres://postgres@127.0.0.1:5432/gantry_bench``); it is created when missing
-and migrated. Its Gantry tables are TRUNCATEd at the start: never point this at
-a database whose data you want to keep. ``REDIS_URL`` defaults to
-``redis://127.0.0.1:6379/13`` (the throttle's buckets; the bench's orgs have a
-budget they never exhaust, so every won claim makes its Redis call and none is
-refused). A full run takes 20-30 minutes. Results and their reading are in
+and migrated. Its Gantry tables are TRUNCATEd at the start: name a scratch
+database (one holding a superuser is refused). Redis (the throttle's buckets;
+the bench's orgs have a budget they never exhaust, so every won claim makes its
+Redis call and none is refused) is a database of the bench's own on
+``REDIS_URL``'s server, four above its database unless ``GANTRY_REDIS_DB``
+says (tests/bench/common.py). A full run takes 20-30 minutes. Results and their reading are in
 docs/performance.md. It is a measurement, not a test: it exits 0 either way.
 
 What it does:
@@ -72,7 +73,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from tests.bench.common import bootstrap, execute
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
 if TYPE_CHECKING:
     from gantry.core.models import RunnerGroup
@@ -95,9 +96,6 @@ SHAPES = ("all", "adversarial")
 # A group that never fills: stub runners pile up (one per claim) during a round.
 HUGE_CAPACITY = 2_000_000_000
 BENCH_RUNS_PER_HOUR = 100_000_000
-# The throttle's buckets live in Redis; a database of their own keeps the
-# bench's org ids away from those of anything else sharing the server.
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
 FLOOR_ROWS = 8
 # Claim slices and floor slices alternate, so both see the same background load.
 SLICE = 1.0
@@ -735,7 +733,12 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.poll_claim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.poll_claim",
+        description=__doc__.split("\n")[0],
+        epilog=SERVICES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--sizes", type=_ints, default=[1_000, 100_000, 1_000_000], help="backlog sizes")
     parser.add_argument("--seconds", type=float, default=10.0, help="timed claim seconds per round")
     parser.add_argument("--pollers", type=_ints, default=[1, 8], help="concurrent pollers per round")
@@ -747,10 +750,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown shape(s): {', '.join(sorted(unknown))}")
 
-    url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    url = database_url(DEFAULT_DATABASE_URL)
     # Pollers and floor threads run side by side, each on its own pooled connection.
     os.environ.setdefault("GANTRY_DB_POOL_MAX", str(max(20, 2 * max(args.pollers) + 4)))
-    bootstrap(url, redis_url=DEFAULT_REDIS_URL)
+    # The throttle's buckets go to a Redis database of the bench's own: the bench's org ids
+    # stay away from those of anything else sharing the server.
+    bootstrap(url)
     _ensure_floor_table()
     parts = urlsplit(url)
     print(f"database {parts.hostname}:{parts.port or 5432}/{unquote(parts.path.lstrip('/'))}")

@@ -6,30 +6,30 @@ Builds one org whose backlog is ``--backlog`` waiting runs (one pending run per
 stack, nine queued behind each; a tenth of the stacks on a selector no group
 serves), two runner groups, then times ``queue.read_queue`` for the first page
 and for a page deep in the backlog (through its cursor), and the whole HTTP
-request through Django's test client. Uses ``DATABASE_URL`` (default a
-``gantry_bench_queue`` database on 127.0.0.1), which it fills and leaves.
+request through Django's test client. Uses exactly the database
+``DATABASE_URL`` names (default ``gantry_bench_queue`` on 127.0.0.1), which it
+fills and leaves (one holding a superuser is refused), and a Redis database of
+its own (tests/bench/common.py; ``--help``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-from tests.bench.common import bootstrap, execute
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog=SERVICES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--page", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args(argv)
-    bootstrap(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry_bench_queue"),
-        redis_url="redis://127.0.0.1:6379/15",
-    )
+    bootstrap(database_url("postgres://postgres@127.0.0.1:5432/gantry_bench_queue"))
 
     from django.contrib.auth.models import User
     from django.utils import timezone

@@ -5,12 +5,14 @@ Usage (from the repository root, with the virtualenv)::
     python -m tests.bench.reaper_sweep [--sizes 100000,1000000] [--due 0.001,0.01] [--batch-size 500]
     python -m tests.bench.reaper_sweep --sizes 1000000 --lost 10000   # a node dies with 10,000 runners
 
-The server comes from ``DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432``);
-the database is always ``--database`` (default ``gantry_bench_reap``), created
-when missing and migrated. Its Gantry tables are TRUNCATEd for every case:
-never point ``--database`` at data you want to keep. A measurement, not a
-test: it prints a table and exits 0. The figures and their reading are in
-docs/reapers.md.
+The database is exactly the one ``DATABASE_URL`` names (default
+``postgres://postgres@127.0.0.1:5432/gantry_bench_reap``), created when missing
+and migrated. Its Gantry tables are TRUNCATEd for every case: name a scratch
+database (one holding a superuser is refused). ``--lost`` writes live-log
+records to a Redis database of the bench's own on ``REDIS_URL``'s server, four
+above its database unless ``GANTRY_REDIS_DB`` says (tests/bench/common.py),
+never the configured one. A measurement, not a test: it prints a table and
+exits 0. The figures and their reading are in docs/reapers.md.
 
 Each case (table size N, due fraction f) loads, set-based (INSERT … SELECT
 over ``generate_series``, triggers and FK checks off for the load):
@@ -60,23 +62,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from tests.bench.common import bootstrap, execute
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
-DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
-DEFAULT_DATABASE = "gantry_bench_reap"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_reap"
 BACKGROUND_PER_KIND = 600
 CATEGORIES = ("expired", "startup", "lost", "backstop", "stub")
-
-# --------------------------------------------------------------------------- setup
-
-
-def _bootstrap(database: str) -> None:
-    server = os.environ.get("DATABASE_URL") or DEFAULT_SERVER
-    url = urlunsplit(urlsplit(server)._replace(path=f"/{database}"))
-    bootstrap(url, redis_url="redis://127.0.0.1:6379/0")
-
 
 # --------------------------------------------------------------------------- loading
 
@@ -362,12 +353,13 @@ def lost_tick(size: int, lost: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=SERVICES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="100000,1000000", help="run-table sizes (comma-separated)")
     parser.add_argument("--due", default="0.001,0.01", help="due fractions (comma-separated), e.g. 0.001,0.01,0.1")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--lost", type=int, default=0, help="instead: this many runners lost at once, one tick")
-    parser.add_argument("--database", default=DEFAULT_DATABASE)
     parser.add_argument("--no-explain", action="store_true")
     parser.add_argument("--load-only", action="store_true", help="load the first case and stop (to experiment)")
     args = parser.parse_args(argv)
@@ -375,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     fractions = [float(f) for f in args.due.split(",")]
 
     os.environ.setdefault("GANTRY_LOG_DIR", tempfile.mkdtemp(prefix="gantry-bench-logs-"))
-    _bootstrap(args.database)
+    bootstrap(database_url(DEFAULT_DATABASE_URL))
 
     load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     version = execute("SHOW server_version")[0][0]

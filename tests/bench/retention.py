@@ -4,10 +4,13 @@ Usage (from the repository root, with the virtualenv)::
 
     python -m tests.bench.retention [--size 1000000] [--past 0.1] [--chunks-every 10]
 
-The server comes from ``DATABASE_URL``; the database is ``--database``
-(default ``gantry_bench_retention``), created when missing, migrated, and its
-Gantry tables TRUNCATEd: never point it at data you want to keep. A
-measurement, not a test: it prints figures and exits 0.
+The database is exactly the one ``DATABASE_URL`` names (default
+``postgres://postgres@127.0.0.1:5432/gantry_bench_retention``), created when
+missing, migrated, and its Gantry tables TRUNCATEd: name a scratch database
+(one holding a superuser is refused). The retention cursor lives in a Redis
+database of the bench's own on ``REDIS_URL``'s server (tests/bench/common.py),
+never the configured one. A measurement, not a test: it prints figures and
+exits 0.
 
 The load (set-based, triggers off): ``--size`` finished runs in deployments
 of two attempts each (a failed first attempt, then its retry, the newest),
@@ -37,11 +40,10 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-from tests.bench.common import bootstrap, execute
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
-DEFAULT_DATABASE = "gantry_bench_retention"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_retention"
 STACKS = 1000
 
 _LOAD_SQL = """
@@ -79,18 +81,18 @@ FROM r CROSS JOIN generate_series(1, 2) e
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=SERVICES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=1_000_000, help="finished runs (two per deployment)")
     parser.add_argument("--past", type=float, default=0.1, help="fraction finished past retention")
     parser.add_argument("--chunks-every", type=int, default=10, help="every n-th due run has a stored chunk")
-    parser.add_argument("--database", default=DEFAULT_DATABASE)
     args = parser.parse_args(argv)
 
     log_dir = tempfile.mkdtemp(prefix="gantry-bench-retention-")
     os.environ["GANTRY_LOG_DIR"] = log_dir
     os.environ["GANTRY_S3_BUCKET"] = ""
-    server = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432"
-    bootstrap(urlunsplit(urlsplit(server)._replace(path=f"/{args.database}")), redis_url="redis://127.0.0.1:6379/0")
+    bootstrap(database_url(DEFAULT_DATABASE_URL))
 
     from django.db import transaction
     from django.utils import timezone

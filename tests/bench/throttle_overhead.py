@@ -4,10 +4,13 @@ Usage (from the repository root, with the virtualenv)::
 
     python -m tests.bench.throttle_overhead [--calls 1000] [--backlog 300] [--rounds 10]
 
-``DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432/gantry_bench_throttle``)
-is created when missing and migrated; its Gantry tables are TRUNCATEd. Redis is
-``REDIS_URL`` (default ``redis://127.0.0.1:6379/5``); only keys under the
-bucket prefix are touched. A measurement, not a test: it exits 0 either way.
+``DATABASE_URL`` names the database, exactly (default
+``postgres://postgres@127.0.0.1:5432/gantry_bench_throttle``); it is created when
+missing and migrated; its Gantry tables are TRUNCATEd (one holding a superuser
+is refused). Redis is a database of the bench's own on ``REDIS_URL``'s server,
+four above its database unless ``GANTRY_REDIS_DB`` says (tests/bench/common.py):
+the bench deletes every throttle bucket there, so never the configured one. A
+measurement, not a test: it exits 0 either way.
 
 1. The bucket check: ``--calls`` calls each of ``throttle.take`` (EVALSHA,
    one round trip), ``throttle.peek`` and ``throttle.consume`` (the claim's
@@ -28,14 +31,14 @@ import os
 import statistics
 import time
 
-from tests.bench.common import bootstrap
+from tests.bench.common import SERVICES_HELP, bootstrap, database_url
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_throttle"
 
 
 def _bootstrap() -> None:
     os.environ.setdefault("GANTRY_LOG_LEVEL", "ERROR")
-    bootstrap(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL, redis_url="redis://127.0.0.1:6379/5")
+    bootstrap(database_url(DEFAULT_DATABASE_URL))
 
 
 def _pct(samples: list[float], q: float) -> float:
@@ -139,7 +142,11 @@ def bench_claim(backlog: int, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog=SERVICES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--backlog", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=10)

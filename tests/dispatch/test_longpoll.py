@@ -6,8 +6,14 @@ test knows it is parked once its first claim attempt has committed (the group's
 ``last_polled_at`` moved) and the listener is LISTENing. The poll reads the
 listener's generation before that attempt, so any notification after it wakes
 the poll: the short delay after that only makes sure the request sits in its
-wait, it synchronizes nothing. Timings are reported; only generous bounds are
-asserted.
+wait, it synchronizes nothing.
+
+What ended each wait of a parked poll is recorded (``wakes``): its org's
+notification, the server's shutdown, or its own deadline; the periodic
+re-check is pushed past any test, so a poll the notification failed to wake
+waits out its ``wait`` and is seen to. No assertion is on how fast a poll
+answers: timeouts here only stop a stuck test. The wake latency is a figure
+of ``tests/bench/longpoll.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import http.client
 import json
 import os
 import signal
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,33 +44,28 @@ from tests.dispatch.helpers import deploy, make_stack
 pytestmark = pytest.mark.django_db(transaction=True)
 
 POLL = "/api/v1/runner-groups/poll"
-# "Well under a second" is the goal; this bound only catches a poll that was
-# never woken and answered at its periodic re-check instead.
-WAKE_BOUND_S = 3.0
+# Hang guard only: far beyond any poll's own wait (at most 30 s), so a stuck test stops.
+HANG_GUARD_S = 90.0
 
 
 class Answer:
-    def __init__(self, status: int, body: Any, seconds: float, answered_at: float) -> None:
+    def __init__(self, status: int, body: Any) -> None:
         self.status = status
         self.body = body
-        self.seconds = seconds  # request sent → answer read
-        self.answered_at = answered_at  # perf_counter() when the answer was read
 
 
-def request(base: str, path: str, *, auth: str | None = None, timeout: float = 45) -> Answer:
+def request(base: str, path: str, *, auth: str | None = None, timeout: float = HANG_GUARD_S) -> Answer:
     parts = urlsplit(base)
     conn = http.client.HTTPConnection(parts.hostname or "localhost", parts.port, timeout=timeout)
     headers = {"Authorization": auth} if auth else {}
     try:
-        started = time.perf_counter()
         conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
         raw = resp.read()
-        answered = time.perf_counter()
     finally:
         conn.close()
     body = json.loads(raw) if raw else None
-    return Answer(resp.status, body, answered - started, answered)
+    return Answer(resp.status, body)
 
 
 class BackgroundPoll:
@@ -87,19 +87,20 @@ class BackgroundPoll:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def result(self, timeout: float) -> Answer:
+    def result(self, timeout: float = HANG_GUARD_S) -> Answer:
+        """The answer; ``timeout`` is a hang guard, never the property under test."""
         self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the poll did not answer in time"
+        assert not self._thread.is_alive(), f"hang guard: the poll had not answered after {timeout:g} s"
         assert self.error is None, self.error
         assert self.answer is not None
         return self.answer
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    """Bounded polling for a condition another thread or process makes true."""
+    """Bounded polling for a condition another thread or process makes true (the bound is a hang guard)."""
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"hang guard: {timeout:g} s without {what}"
         time.sleep(0.005)
 
 
@@ -109,13 +110,46 @@ def last_polled(group: RunnerGroup) -> datetime | None:
 
 def park(base: str, token: str, group: RunnerGroup, *, wait: float) -> BackgroundPoll:
     """Start a poll and return once it has made its first (empty) attempt and is waiting."""
-    assert longpoll.listener().wait_ready(5), "the listener never started LISTENing"
+    assert longpoll.listener().wait_ready(30), "hang guard: the listener never started LISTENing"
     before = last_polled(group)
     poll = BackgroundPoll(base, token, wait)
-    wait_until(lambda: last_polled(group) != before, 5, "the poll's first claim attempt")
+    wait_until(lambda: last_polled(group) != before, 30, "the poll's first claim attempt")
     time.sleep(0.05)  # bounded: lets the request reach its wait; correctness does not depend on it
     assert not poll.done, "the poll answered instead of parking"
     return poll
+
+
+@pytest.fixture
+def wakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What ended each wait of the parked polls, in order: ``notified`` (a notification for the
+    poll's org), ``reconnect`` (the listener reconnected), ``shutdown`` or ``deadline`` (the wait
+    ran out). The periodic re-check is pushed past any test, so a wait ends only on one of those."""
+    monkeypatch.setattr(longpoll, "RECHECK_SECONDS", 3600.0)
+    ended: list[str] = []
+    wait = longpoll.ClaimableListener.wait
+
+    def recorded(self: longpoll.ClaimableListener, org_id: int, seen: tuple[int, int], timeout: float) -> bool:
+        woken = wait(self, org_id, seen, timeout)
+        epoch, generation = self.generation(org_id)
+        if not woken:
+            ended.append("deadline")
+        elif epoch != seen[0]:
+            ended.append("reconnect")
+        elif generation != seen[1]:
+            ended.append("notified")
+        else:
+            ended.append("shutdown")
+        return woken
+
+    monkeypatch.setattr(longpoll.ClaimableListener, "wait", recorded)
+    return ended
+
+
+@pytest.fixture
+def shutdown_reset() -> Iterator[None]:
+    """begin_shutdown() is for good in a server; stop_listener() forgets it for the next test."""
+    yield
+    longpoll.stop_listener()
 
 
 def new_group(org: Organization, name: str = "lp", **fields: Any) -> tuple[RunnerGroup, str]:
@@ -131,15 +165,16 @@ def lapse(run: Run) -> datetime:
 # ---------------------------------------------------------------- waking
 
 
-def test_it_wakes_a_parked_poll_when_a_deployment_is_created(live_server: Any, acme: Organization) -> None:
+def test_it_wakes_a_parked_poll_when_a_deployment_is_created(
+    live_server: Any, acme: Organization, wakes: list[str]
+) -> None:
     group, token = new_group(acme)
     stacks = [make_stack(acme, f"s{i}", {"os": "linux"}) for i in range(10)]
-    latencies: list[float] = []
     for stack in stacks:
+        wakes.clear()
         poll = park(live_server.url, token, group, wait=10)
         deployment = services.deployment_create(stack=stack)
-        committed = time.perf_counter()
-        answer = poll.result(timeout=15)
+        answer = poll.result()
 
         assert answer.status == 200, answer.body
         run = Run.objects.get(deployment=deployment)
@@ -150,18 +185,13 @@ def test_it_wakes_a_parked_poll_when_a_deployment_is_created(live_server: Any, a
         assert Runner.objects.filter(id=answer.body["runner_id"], runner_group=group).exists()
         assert answer.body["runner_token"]
         assert datetime.fromisoformat(answer.body["assigned_expires_at"]) == run.assigned_expires_at
-        latency = answer.answered_at - committed
-        assert latency < WAKE_BOUND_S, f"woken after {latency:.3f} s: the notification did not wake the poll"
-        latencies.append(latency)
-    median = statistics.median(latencies)
-    print(
-        f"\nlong-poll wake median: {median:.3f} s over {len(latencies)} "
-        f"(min {min(latencies):.3f} s, max {max(latencies):.3f} s)"
-    )
+        # Woken by the deployment's notification (an earlier one may have woken it too, to park again),
+        # never by its deadline: that would be the claim's last attempt, and the same 200.
+        assert set(wakes) == {"notified"}, f"the poll's waits ended by {wakes}"
 
 
 def test_it_wakes_a_parked_poll_when_a_deregistered_runner_releases_its_run(
-    live_server: Any, acme: Organization
+    live_server: Any, acme: Organization, wakes: list[str]
 ) -> None:
     group, token = new_group(acme)
     run = deploy(make_stack(acme, "web", {"os": "linux"}))
@@ -175,18 +205,17 @@ def test_it_wakes_a_parked_poll_when_a_deregistered_runner_releases_its_run(
 
     poll = park(live_server.url, token, group, wait=10)
     services.runner_deregister(runner_id=first.runner_id, now=later)
-    released = time.perf_counter()
-    answer = poll.result(timeout=15)
+    answer = poll.result()
 
     assert answer.status == 200, answer.body
     assert answer.body["run_id"] == str(run.id)
     assert answer.body["runner_id"] != str(first.runner_id)
-    latency = answer.answered_at - released
-    assert latency < WAKE_BOUND_S, f"woken after {latency:.3f} s"
-    print(f"\nlong-poll wake after deregister: {latency:.3f} s")
+    assert set(wakes) == {"notified"}, f"the poll's waits ended by {wakes}"
 
 
-def test_it_wakes_a_poll_parked_on_a_full_group_when_a_slot_frees(live_server: Any, acme: Organization) -> None:
+def test_it_wakes_a_poll_parked_on_a_full_group_when_a_slot_frees(
+    live_server: Any, acme: Organization, wakes: list[str]
+) -> None:
     group, token = new_group(acme, max_concurrent_runs=1)
     a = deploy(make_stack(acme, "a", {"os": "linux"}))
     b = deploy(make_stack(acme, "b", {"os": "linux"}))
@@ -196,29 +225,29 @@ def test_it_wakes_a_poll_parked_on_a_full_group_when_a_slot_frees(live_server: A
 
     poll = park(live_server.url, token, group, wait=10)  # b waits: the one slot is taken
     services.dispatch_failed(group=group, run_id=a.id, runner_id=held.runner_id, error="spawn failed")
-    freed = time.perf_counter()
-    answer = poll.result(timeout=15)
+    answer = poll.result()
 
     assert answer.status == 200, answer.body
     assert answer.body["run_id"] == str(b.id)
-    latency = answer.answered_at - freed
-    assert latency < WAKE_BOUND_S, f"woken after {latency:.3f} s"
+    assert set(wakes) == {"notified"}, f"the poll's waits ended by {wakes}"
 
 
 def test_it_does_not_hand_another_orgs_run_to_a_parked_poll(
-    live_server: Any, acme: Organization, globex: Organization
+    live_server: Any, acme: Organization, globex: Organization, wakes: list[str], shutdown_reset: None
 ) -> None:
     group, token = new_group(acme)
     lst = longpoll.listener()
-    poll = park(live_server.url, token, group, wait=2)
+    poll = park(live_server.url, token, group, wait=30)
     seen = lst.generation(globex.id)
     theirs = deploy(make_stack(globex, "theirs", {"os": "linux"}))
     # The notification did arrive (for globex), so the test exercises the wake path.
-    wait_until(lambda: lst.generation(globex.id) != seen, 5, "globex's notification")
-    answer = poll.result(timeout=10)
+    wait_until(lambda: lst.generation(globex.id) != seen, 30, "globex's notification")
+    assert not poll.done, "the poll answered on another org's notification"
+    longpoll.begin_shutdown()  # ends the wait now, rather than at its 30 s deadline
+    answer = poll.result()
 
     assert answer.status == 204, answer.body
-    assert answer.seconds >= 1.9
+    assert wakes == ["shutdown"]  # globex's notification ended no wait of acme's poll
     assert Run.objects.get(id=theirs.id).status == RunStatus.PENDING
     assert not Runner.objects.exists()
 
@@ -226,19 +255,23 @@ def test_it_does_not_hand_another_orgs_run_to_a_parked_poll(
 # ---------------------------------------------------------------- no work, bad input, wrong caller
 
 
-def test_it_answers_204_at_once_for_wait_0_without_work(live_server: Any, acme: Organization) -> None:
+def test_it_answers_204_at_once_for_wait_0_without_work(live_server: Any, acme: Organization, wakes: list[str]) -> None:
     _group, token = new_group(acme)
     answer = request(live_server.url, f"{POLL}?wait=0", auth=f"Bearer {token}")
     assert answer.status == 204
     assert answer.body is None
-    assert answer.seconds < 0.9  # it never parks (generous: typically milliseconds)
+    assert wakes == []  # it never parked
 
 
-def test_it_answers_204_at_the_deadline_for_wait_1_without_work(live_server: Any, acme: Organization) -> None:
+def test_it_answers_204_at_the_deadline_for_wait_1_without_work(
+    live_server: Any, acme: Organization, wakes: list[str]
+) -> None:
     _group, token = new_group(acme)
+    # Listening first: a listener that connects during the wait wakes it once ("reconnect").
+    assert longpoll.listener().wait_ready(30), "hang guard: the listener never started LISTENing"
     answer = request(live_server.url, f"{POLL}?wait=1", auth=f"Bearer {token}")
     assert answer.status == 204
-    assert answer.seconds >= 0.9
+    assert wakes == ["deadline"]  # it parked, and its wait ran out
     assert not Runner.objects.exists()
 
 
@@ -292,31 +325,21 @@ def test_it_answers_200_at_once_when_work_exists(live_server: Any, acme: Organiz
 # ---------------------------------------------------------------- server shutdown
 
 
-@pytest.fixture
-def shutdown_reset() -> Iterator[None]:
-    """begin_shutdown() is for good in a server; stop_listener() forgets it for the next test."""
-    yield
-    longpoll.stop_listener()
-
-
 def test_a_shutdown_answers_a_parked_poll_at_once_with_204(
-    live_server: Any, acme: Organization, shutdown_reset: None
+    live_server: Any, acme: Organization, shutdown_reset: None, wakes: list[str]
 ) -> None:
     group, token = new_group(acme)
     poll = park(live_server.url, token, group, wait=30)
 
     longpoll.begin_shutdown()
-    stopped = time.perf_counter()
-    answer = poll.result(timeout=10)
+    answer = poll.result()
 
     assert answer.status == 204
-    # Not its 30 s wait and not a 5 s re-check: the shutdown itself woke it.
-    assert answer.answered_at - stopped < WAKE_BOUND_S
-    print(f"\nparked poll answered {answer.answered_at - stopped:.3f} s after the shutdown began")
+    assert wakes == ["shutdown"]  # not its 30 s deadline: the shutdown itself ended the wait
 
 
 def test_after_a_shutdown_a_poll_does_not_park_but_still_claims(
-    live_server: Any, acme: Organization, shutdown_reset: None
+    live_server: Any, acme: Organization, shutdown_reset: None, wakes: list[str]
 ) -> None:
     _group, token = new_group(acme)
     longpoll.begin_shutdown()
@@ -326,7 +349,7 @@ def test_after_a_shutdown_a_poll_does_not_park_but_still_claims(
     won = request(live_server.url, f"{POLL}?wait=30", auth=f"Bearer {token}")
 
     assert empty.status == 204
-    assert empty.seconds < WAKE_BOUND_S  # answered, not parked for its 30 s
+    assert wakes == []  # answered without parking for its 30 s
     assert won.status == 200  # work that is there is still handed out
 
 
@@ -356,5 +379,5 @@ def test_a_poll_its_client_left_parked_answers_before_the_test_ends(live_server:
     settle_live_server()
 
     assert requests_in_flight() == 0
-    assert poll.result(timeout=10).status == 204  # answered, not held for its 30 s
+    assert poll.result().status == 204  # answered, not held for its 30 s (the wait is a hang guard)
     assert not longpoll.shutting_down()  # the next test's polls park again

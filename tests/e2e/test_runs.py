@@ -231,10 +231,10 @@ def test_sigterm_stops_the_coordinator_and_leaves_its_worker_running(lab: Lab) -
     lab.wait_status(run_id, {"running"})
     [launched] = coordinator.named("worker.launched", run_id)
 
-    stopped = time.monotonic()
     coordinator.proc.send_signal(signal.SIGTERM)
-    assert coordinator.proc.wait(30) == 0
-    assert time.monotonic() - stopped < 15  # a parked long poll is cut off, not waited out
+    # The timeout is a hang guard; that the stop cuts a parked poll off rather than waiting it out is
+    # tests/runners/test_coordinator.py::test_stop_cuts_off_a_parked_long_poll's (SIGTERM calls that stop()).
+    assert coordinator.proc.wait(60) == 0
     assert coordinator.named("coordinator.stopped")
     assert Path(f"/proc/{launched['worker']}").exists()  # the worker carries on by itself
 

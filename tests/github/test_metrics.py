@@ -38,18 +38,19 @@ def test_a_full_batch_counts_as_saturated_and_a_short_one_does_not(
 ) -> None:
     services.org_set_runs_per_hour_limit(org=acme, limit=1000)
     gha_group(acme)
-    pending_runs(acme, 5, now=timezone.now() - timedelta(seconds=90))
+    now = timezone.now()  # every tick as of this instant: the ages are exact, whatever the machine's pace
+    pending_runs(acme, 5, now=now - timedelta(seconds=90))
     before = saturated()
     ticks = sample("gantry_dispatch_tick_duration_seconds_count")
 
-    full = Dispatcher(batch_size=3).tick()
+    full = Dispatcher(batch_size=3).tick(now=now)
 
     assert full.saturated
     assert full.servable == 3
     assert saturated() == before + 1
-    assert 90 <= oldest() < 150
+    assert oldest() == 90.0
 
-    short = Dispatcher(batch_size=3).tick()  # the last two
+    short = Dispatcher(batch_size=3).tick(now=now)  # the last two
 
     assert short.servable == 2
     assert not short.saturated
@@ -57,7 +58,7 @@ def test_a_full_batch_counts_as_saturated_and_a_short_one_does_not(
     assert sample("gantry_dispatch_tick_duration_seconds_count") == ticks + 2
     assert sample("gantry_dispatch_launches_total", outcome="launched") >= 5
 
-    idle = Dispatcher(batch_size=3).tick()
+    idle = Dispatcher(batch_size=3).tick(now=now)
     assert idle.candidates == 0
     assert oldest() == 0.0
 
@@ -71,15 +72,15 @@ def test_the_oldest_dispatchable_age_leaves_out_an_org_the_throttle_refused(
     # the next claim is throttled. globex's one run is a few seconds old.
     gha_group(acme)
     gha_group(globex, name="g-actions")
-    hour_ago = timezone.now() - timedelta(hours=1)
-    pending_runs(acme, 2, now=hour_ago)
-    pending_runs(globex, 1, prefix="g", now=timezone.now() - timedelta(seconds=5))
+    now = timezone.now()  # the tick as of this instant: the ages are exact
+    pending_runs(acme, 2, now=now - timedelta(hours=1))
+    pending_runs(globex, 1, prefix="g", now=now - timedelta(seconds=5))
     spend_budget(acme, 1, leave=1)
     services.org_set_runs_per_hour_limit(org=globex, limit=1000)
     limited = dispatches("limited")
     before = saturated()
 
-    result = Dispatcher(batch_size=3).tick()
+    result = Dispatcher(batch_size=3).tick(now=now)
 
     assert result.candidates == 3  # the batch was full...
     assert result.launched == 2
@@ -87,7 +88,7 @@ def test_the_oldest_dispatchable_age_leaves_out_an_org_the_throttle_refused(
     assert dispatches("limited") == limited + 1  # ...acme's budget is what the limited count reports,
     assert not result.saturated
     assert saturated() == before  # ...not dispatcher saturation,
-    assert 5 <= oldest() < 60  # ...nor an hour-old dispatch latency: only globex's run counts.
+    assert oldest() == 5.0  # ...nor an hour-old dispatch latency: only globex's run counts.
 
 
 def test_the_figures_show_at_metrics_in_any_process(acme: Organization, github: FakeGitHub) -> None:

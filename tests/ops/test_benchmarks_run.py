@@ -6,7 +6,8 @@ prepared statement and the production server directly, still run after a
 change to either, as the claim's two new parameters once broke one unseen.
 Each runs as a process against a database of its own (created by the bench,
 dropped here) and a Redis database of its own (flushed here), so neither
-touches the test database nor the tests' buckets.
+touches the test database nor the tests' buckets; each test checks the bench
+used exactly those (a bench once switched to a database of its choosing).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -33,8 +35,24 @@ def _bench_redis_db() -> int:
     return (current + 4) % 16  # the tests' database is 8 above a server's; this is neither
 
 
+@dataclass
+class Bench:
+    env: dict[str, str]
+    database: str  # the database DATABASE_URL names
+    redis_db: int  # GANTRY_REDIS_DB
+
+    def used_what_it_was_given(self, out: str) -> None:
+        """The bench said it used this database and Redis database, and its runs are in that database."""
+        assert f"benchmark database {self.database} on " in out, out[:2000]
+        assert f"; Redis {self.env['REDIS_URL'].rsplit('/', 1)[0]}/{self.redis_db}\n" in out, out[:2000]
+        with psycopg.connect(make_conninfo(settings.DATABASE_URL, dbname=self.database)) as conn:
+            row = conn.execute("SELECT count(*) FROM run").fetchone()
+        assert row is not None
+        assert row[0] > 0
+
+
 @pytest.fixture
-def bench_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+def bench(request: pytest.FixtureRequest) -> Iterator[Bench]:
     name = f"gantry_smoke_{request.node.name.removeprefix('test_')[:40]}"
     params = conninfo_to_dict(make_conninfo(settings.DATABASE_URL))
     host, port, user = params.get("host", "127.0.0.1"), params.get("port", "5432"), params.get("user", "postgres")
@@ -45,7 +63,7 @@ def bench_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     db = _bench_redis_db()
     env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL, "GANTRY_REDIS_DB": str(db)}
     try:
-        yield env
+        yield Bench(env, name, db)
     finally:
         with psycopg.connect(make_conninfo(settings.DATABASE_URL, dbname="postgres"), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -54,28 +72,29 @@ def bench_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
         client.close()
 
 
-def _run(module: str, args: list[str], env: dict[str, str]) -> str:
+def _run(module: str, args: list[str], bench: Bench) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=bench.env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    bench.used_what_it_was_given(done.stdout)
     return done.stdout
 
 
-def test_poll_claim_runs_to_its_targets(bench_env: dict[str, str]) -> None:
+def test_poll_claim_runs_to_its_targets(bench: Bench) -> None:
     out = _run(
         "tests.bench.poll_claim",
         ["--sizes", "100", "--shapes", "adversarial", "--pollers", "1", "--seconds", "0.5", "--no-variants"],
-        bench_env,
+        bench,
     )
     assert "targets: claim" in out, out[-2000:]
     assert "false empties at 1 poller while matching work exists: 0 PASS" in out, out[-2000:]
     assert "EXPLAIN (ANALYZE, BUFFERS)" in out, out[-2000:]
 
 
-def test_lifecycle_runs_every_call_of_a_run(bench_env: dict[str, str]) -> None:
-    out = _run("tests.bench.lifecycle", ["--ks", "1", "--seconds", "0.5", "--repeat", "1", "--runs", "1000"], bench_env)
+def test_lifecycle_runs_every_call_of_a_run(bench: Bench) -> None:
+    out = _run("tests.bench.lifecycle", ["--ks", "1", "--seconds", "0.5", "--repeat", "1", "--runs", "1000"], bench)
     assert "errors 0" in out, out[-2000:]
     assert "targets at K=1" in out or "| 1 |" in out, out[-2000:]
     # Every call of the lifecycle was made and timed (a run that never got past the poll shows nan).

@@ -2,7 +2,8 @@
 
 A real gunicorn on a private embedded PostgreSQL: warm its connection pool,
 restart the database, and the first requests after it answers again must all
-succeed, and /readyz must be ready again within a second.
+succeed, and /readyz must be ready again. How soon is a printed figure, not an
+assertion; the pool's steady quarter-second retry, which makes it soon, is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from psycopg_pool.base import AttemptWithBackoff
 
 from tests.ports import free_port
 
@@ -103,17 +105,18 @@ def test_requests_after_a_database_restart_all_succeed(tmp_path: Path, request: 
     _start_postgres(env)
     back = time.monotonic()
 
-    ready_after = None
-    while time.monotonic() - back < 5:
-        if _get(f"{base}/readyz") == 200:
-            ready_after = time.monotonic() - back
-            break
+    hang_guard = back + 60  # only stops a stuck test: the pool retries every quarter second
+    while _get(f"{base}/readyz") != 200:
+        assert time.monotonic() < hang_guard, "hang guard: /readyz not ready 60 s after the database answered"
         time.sleep(0.05)
+    ready_after = time.monotonic() - back
     statuses = [_get(f"{base}/api/v1/orgs", token) for _ in range(8)]
 
-    # The time to ready is a figure to read, not a timed assertion (docs/testing.md).
-    print(f"\n/readyz ready {ready_after}s after the database answered; then {statuses}")
-    assert ready_after is not None
+    # The time to ready is a figure to read, not a timed assertion (docs/testing.md). What makes it
+    # short is the pool's steady retry instead of psycopg's doubling backoff (gantry/settings.py):
+    # that is asserted as this process's settings set it (the server's: the same module, the same env).
+    print(f"\n/readyz ready {ready_after:.2f}s after the database answered; then {statuses}")
+    assert (AttemptWithBackoff.INITIAL_DELAY, AttemptWithBackoff.DELAY_BACKOFF) == (0.25, 1.0)
     assert statuses == [200] * 8
     log = json.dumps(log_path.read_text())
     assert "Traceback" not in log

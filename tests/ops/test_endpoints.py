@@ -50,6 +50,8 @@ def test_staff_see_the_failing_dependencys_error_text(client: Client, owner: obj
     assert "Connection" in body["checks"]["redis"]
 
 
+# A scrape reads the reapers' and runs' figures from Redis and the orgs from the database.
+@pytest.mark.django_db
 def test_it_serves_prometheus_metrics(client: Client) -> None:
     r = client.get("/metrics")
     assert r.status_code == 200

@@ -3,13 +3,16 @@
 gunicorn (gthread, the repository's gunicorn.conf.py picked up from the working
 directory as in production) serves the test database. A coordinator's poll
 parks with ``wait=30``; then the master gets SIGTERM. The poll must be
-answered 204 at once and the server must exit, instead of the poll holding
-the worker for its 30 s (gunicorn's graceful timeout is left at its 30 s
-default here, so only the hook can make the difference).
+answered 204 and the server must exit 0, instead of the poll holding the
+worker. gunicorn's graceful timeout is 20 s here, shorter than the poll's
+wait: without the hook the worker would hold the poll until that timeout cut
+the connection, with no answer at all, so the 204 itself says the hook
+answered it (no figure of how fast is asserted).
 """
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -33,15 +36,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30
+GRACEFUL_TIMEOUT = 20  # < WAIT: without the hook, the poll is cut off before its own deadline
 
 
-def _status(url: str, token: str) -> int:
+def _status(url: str, token: str) -> int | str:
+    """The answer's status, or what became of a request that got none (the connection cut)."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=WAIT + 15) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
+    except (OSError, http.client.HTTPException) as exc:
+        return f"no answer: {exc!r}"
 
 
 def _last_polled(group: RunnerGroup) -> Any:
@@ -59,6 +66,7 @@ def test_sigterm_answers_a_parked_poll_at_once_and_the_server_exits(acme: Organi
             [
                 sys.executable, "-m", "gunicorn", "gantry.wsgi", "-b", f"127.0.0.1:{port}",
                 "--worker-class", "gthread", "--threads", "4", "--no-control-socket",
+                "--graceful-timeout", str(GRACEFUL_TIMEOUT),
             ],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0,
         )  # fmt: skip
@@ -75,7 +83,7 @@ def test_sigterm_answers_a_parked_poll_at_once_and_the_server_exits(acme: Organi
                 time.sleep(0.1)
 
         before = _last_polled(group)
-        answer: list[int] = []
+        answer: list[int | str] = []
         poller = threading.Thread(
             target=lambda: answer.append(_status(f"{base}/api/v1/runner-groups/poll?wait={WAIT}", token)), daemon=True
         )
@@ -88,18 +96,13 @@ def test_sigterm_answers_a_parked_poll_at_once_and_the_server_exits(acme: Organi
         assert poller.is_alive(), "the poll answered instead of parking"
 
         server.send_signal(signal.SIGTERM)
-        stopped = time.perf_counter()
-        poller.join(WAIT + 15)
-        answered = time.perf_counter() - stopped
+        poller.join(WAIT + 15)  # hang guards only
         exit_code = server.wait(WAIT + 15)
-        exited = time.perf_counter() - stopped
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
 
+    # Answered, so by the hook: the graceful timeout would have cut it off unanswered before its deadline.
     assert answer == [204], log.read_text()[-3000:]
-    # Far inside the poll's 30 s wait and gunicorn's 30 s graceful timeout.
-    assert answered < WAIT / 3, f"the parked poll held the stop for {answered:.1f} s"
     assert exit_code == 0, log.read_text()[-3000:]
-    print(f"\nSIGTERM → parked poll answered in {answered:.3f} s, server exited in {exited:.3f} s")

@@ -224,15 +224,15 @@ def test_abort_cuts_off_a_parked_poll(server: Scripted) -> None:
 
     thread = threading.Thread(target=poll)
     thread.start()
-    deadline = threading.Event()
-    for _ in range(200):
+    pause = threading.Event()
+    for _ in range(3000):  # a hang guard of 30 s, not a figure
         if server.requests:
             break
-        deadline.wait(0.01)
-    assert server.requests, "the poll never reached the server"
+        pause.wait(0.01)
+    assert server.requests, "hang guard: the poll had not reached the server after 30 s"
     client.abort()
-    thread.join(5)
-    assert not thread.is_alive()
+    thread.join(60)  # a hang guard; the property is the RequestAborted (held, the server answers after 10 s)
+    assert not thread.is_alive(), "hang guard: the poll was still waiting 60 s after abort()"
     assert len(errors) == 1
     assert isinstance(errors[0], RequestAborted)
 

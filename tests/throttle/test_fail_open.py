@@ -33,20 +33,19 @@ def test_it_dispatches_while_redis_is_down_and_counts_it(
 
     own_redis.kill()
     opened, failed_open = fail_opens(), dispatches(throttle.FAILED_OPEN)
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="gantry.throttle"):
         answers = [coordinator.get("/api/v1/runner-groups/poll").status_code for _ in range(3)]
-    elapsed = time.monotonic() - started
 
     assert answers == [200, 200, 200]
     assert Run.objects.filter(organization=acme, status=RunStatus.ASSIGNED).count() == 4
     assert fail_opens() == opened + 3
     assert dispatches(throttle.FAILED_OPEN) == failed_open + 3
     warnings = [r for r in caplog.records if getattr(r, "event", None) == "throttle.fail_open"]
-    assert warnings  # one per outage window, not one per poll
+    assert len(warnings) == 1  # one per outage window (the breaker): the later polls did not ask Redis
     assert warnings[0].levelno == logging.WARNING
     assert warnings[0].organization_id == acme.id  # type: ignore[attr-defined]
-    assert elapsed < 2.0  # a refused connection costs no timeout
+    # Refused, not timed out: a dead Redis costs the poll no connect or read timeout.
+    assert warnings[0].error.startswith("ConnectionError:"), warnings[0].error  # type: ignore[attr-defined]
 
     # The budget still answers, from what the database knows.
     budget = teammate_api.get("/api/v1/orgs/acme/dispatch-budget")
@@ -64,11 +63,13 @@ def test_it_uses_the_bucket_again_once_redis_is_back(acme: Organization, own_red
 
     own_redis.start()  # same port; a fresh server that has never seen the script
     # Within BREAKER_SECONDS of the failure the limiter leaves Redis alone; then it asks again.
-    deadline = time.monotonic() + throttle.BREAKER_SECONDS + 3
+    # A hang guard, not the property: 20 claims at most, and the backlog has 29 more.
+    guard = throttle.BREAKER_SECONDS + 10
+    deadline = time.monotonic() + guard
     while not own_redis.client().exists(throttle.key_for(acme.id)):
-        assert time.monotonic() < deadline, "the limiter never went back to Redis"
+        assert time.monotonic() < deadline, f"hang guard: the limiter had not gone back to Redis after {guard:g} s"
         assert claim(group=group) is not None  # failing open meanwhile (the breaker is still open)
-        time.sleep(0.25)
+        time.sleep(0.5)
     tokens = throttle.peek(organization_id=acme.id, rate=2).tokens
     assert 46.99 < tokens < 47.01  # a new server's bucket: full, minus the one claim it saw
 
