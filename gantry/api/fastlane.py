@@ -412,11 +412,8 @@ def _done(call: Call) -> prepared.Plan[Answer | None]:
     data = _json_body(call, fastbody.done)
     if call.ids["run_id"] != run_id or data is None:
         return None
-    done = yield from services.finish_plan(
-        run_id=run_id, runner_id=runner_id, group_id=group_id, outcome=data["outcome"],
-        exit_code=data.get("exit_code"), error=data.get("error", ""), sealed_chunks=data.get("sealed_chunks"),
-        manifest=data.get("manifest"), now=_now(),
-    )  # fmt: skip
+    done = yield from services.finish_plan(run_id=run_id, runner_id=runner_id, group_id=group_id, now=_now(),
+                                           report=data)  # fmt: skip
     if isinstance(done, services.Refused):
         return None  # a replay, a refusal: the view's path names it
     live_logs.delete_soon(run_id)

@@ -406,15 +406,7 @@ class DoneView(APIView):
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = runner_of(request, run_id=run_id)
         data = fastbody.done(request.data) or validated(DoneSerializer, request)
-        services.run_finish(
-            run_id=run_id,
-            runner_id=principal.runner.id,
-            outcome=data["outcome"],
-            exit_code=data.get("exit_code"),
-            error=data.get("error", ""),
-            sealed_chunks=data.get("sealed_chunks"),
-            manifest=data.get("manifest"),
-        )
+        services.run_finish(run_id=run_id, runner_id=principal.runner.id, **data)
         # After the run is settled: storage is now the whole log (the final
         # chunk was sealed before /done), and the reader uses the manifest.
         live_logs.delete(run_id)

@@ -95,6 +95,8 @@ class Move:
     extra: str = ""
     also: str = ""
     joins: str = ""
+    # The SQL types of the edge's own parameters (the common ones are gantry.sql.statement.TYPES).
+    types: tuple[tuple[str, str], ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -255,7 +257,7 @@ def move_one(move: Move) -> Statement:
         f"{columns(Run, 'moved')}{also}\n"
         f"FROM v LEFT JOIN cur ON TRUE LEFT JOIN moved ON TRUE{move.joins}"
     )
-    return named(move.label, sql)
+    return named(move.label, sql, dict(move.types))
 
 
 def move_batch(move: Move) -> Statement:
@@ -283,7 +285,7 @@ def move_batch(move: Move) -> Statement:
         *effects(move),
     ]
     sql = f"WITH {', '.join(ctes)}\nSELECT id, stack_id, organization_id, first_pending_at, status FROM moved"
-    return named(move.label + "_batch", sql)
+    return named(move.label + "_batch", sql, dict(move.types))
 
 
 # The lane locks, taken in a statement of their own before a terminal move
@@ -421,6 +423,14 @@ busy AS (
 # depend on the outcome (a runner reports cancelled only when cancellation was
 # asked of it), so they are a parameter.
 FINISH_OUTCOMES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILURE, RunStatus.CANCELLED})
+# What a runner reports beside the outcome, by DoneSerializer's field names:
+# (the parameter's SQL type, its value when the report leaves the field out).
+FINISH_REPORT: dict[str, tuple[str, Any]] = {
+    "exit_code": ("integer", None),
+    "error": ("text", ""),
+    "sealed_chunks": ("integer", None),
+    "manifest": ("jsonb", None),
+}
 FINISH = Move(
     "finish",
     expected=EXECUTING,
@@ -431,10 +441,11 @@ FINISH = Move(
     sets=(
         "exit_code = %(exit_code)s",
         "failure_reason = %(error)s",
-        "sealed_chunks = COALESCE(%(sealed)s, run.sealed_chunks)",
+        "sealed_chunks = COALESCE(%(sealed_chunks)s, run.sealed_chunks)",
         "log_manifest = COALESCE(%(manifest)s, run.log_manifest)",
     ),
     detail="jsonb_build_object('outcome', moved.status, 'exit_code', moved.exit_code)",
+    types=tuple((name, kind) for name, (kind, _) in FINISH_REPORT.items()),
 )
 
 
@@ -443,6 +454,15 @@ def finish_expected(outcome: str) -> frozenset[str]:
     if outcome == RunStatus.CANCELLED:
         return frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
     return EXECUTING
+
+
+def finish_args(outcome: str, report: dict[str, Any]) -> dict[str, Any]:
+    """FINISH's own arguments for ``outcome`` and the rest of a runner's report (its defaults where left out)."""
+    unknown = set(report) - set(FINISH_REPORT)
+    if unknown:
+        raise ValueError(f"FINISH has no parameter for {sorted(unknown)}")
+    defaults = {name: default for name, (_, default) in FINISH_REPORT.items()}
+    return {**defaults, **report, "target": outcome, "expected": sorted(finish_expected(outcome))}
 
 
 # Any live run -> failure: a runner lost or exited, a dispatch failure, an

@@ -30,6 +30,7 @@ way.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
 import weakref
@@ -104,10 +105,6 @@ TYPES = {
     "expires": "timestamptz",
     "stack": "bigint",
     "stacks": "bigint[]",
-    "exit_code": "integer",
-    "error": "text",
-    "sealed": "integer",
-    "manifest": "jsonb",
     "org": "bigint",
     "version": "bigint",
     "rate": "integer",
@@ -126,10 +123,11 @@ TYPES = {
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
-def named(label: str, sql: str) -> Statement:
-    """A Statement whose parameters are the ``%(name)s`` of ``sql``, typed from :data:`TYPES`."""
+def named(label: str, sql: str, types: Mapping[str, str] | None = None) -> Statement:
+    """A Statement whose parameters are the ``%(name)s`` of ``sql``, typed from ``types`` or else :data:`TYPES`."""
     names = list(dict.fromkeys(_PLACEHOLDER.findall(sql)))
-    return Statement(label, sql, [(name, TYPES[name]) for name in names])
+    own = types or {}
+    return Statement(label, sql, [(name, own.get(name) or TYPES[name]) for name in names])
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +400,8 @@ def literal(value: Any, kind: str, conn: AnyConnection) -> str:
         return _quoted(value)
     if cls is datetime and value.tzinfo is not None:
         return f"'{value.isoformat()}'"
+    if kind == "jsonb" and cls is not str:
+        return literal(json.dumps(value), kind, conn)  # the EXECUTE casts the text to jsonb
     if cls is list and kind == "text[]" and all(type(v) is str and "\x00" not in v for v in value):
         return f"ARRAY[{', '.join(_quoted(v) for v in value)}]::text[]"
     # Anything else (a NUL in a string, a naive datetime, another type):

@@ -435,7 +435,7 @@ def test_the_hot_edges_change_nothing_for_a_runner_of_another_group(
     assert not isinstance(accepted, services.Refused)
     assert accepted[0].status == "running"
 
-    done = {"outcome": "succeeded", "exit_code": 0, "error": "", "sealed_chunks": None, "manifest": None, "now": now}
+    done = {"report": {"outcome": "succeeded", "exit_code": 0}, "now": now}
     refused = drive(services.finish_plan(run_id=run, runner_id=runner, group_id=other.id, **done))
     assert isinstance(refused, services.Refused)
     assert Run.objects.get(id=run).status == "running"

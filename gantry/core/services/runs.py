@@ -211,30 +211,30 @@ def run_finish(
     run_id: uuid.UUID,
     outcome: str,
     runner_id: uuid.UUID | None = None,
-    exit_code: int | None = None,
-    error: str = "",
-    sealed_chunks: int | None = None,
-    manifest: Mapping[str, Any] | None = None,
     now: datetime | None = None,
+    **report: Any,
 ) -> Run:
     """The runner's /done: an executing run ends as succeeded, failure or cancelled.
 
-    ``manifest`` (``{count, sha256}``) lists the run's sealed log chunks and is
-    kept on the run for the log reader; it must agree with ``sealed_chunks``.
-    A replay of /done whose first answer was lost (same runner, outcome, exit
-    code and manifest, already recorded) is accepted as it is; anything else
-    that differs stays a conflict: a replay must never quietly drop what differs.
+    ``report`` is the rest of what the runner reports (DoneSerializer's fields:
+    ``exit_code``, ``error``, ``sealed_chunks``, ``manifest``), kept on the
+    run by the edge's statement. ``manifest`` (``{count, sha256}``) lists the
+    run's sealed log chunks for the log reader; it must agree with
+    ``sealed_chunks``. A replay of /done whose first answer was lost (same
+    runner, outcome, exit code and manifest, already recorded) is accepted as
+    it is; anything else that differs stays a conflict: a replay must never
+    quietly drop what differs.
     """
     now = resolve_now(now)
-    done = drive(finish_plan(run_id=run_id, runner_id=runner_id, group_id=None, outcome=outcome,
-                             exit_code=exit_code, error=error, sealed_chunks=sealed_chunks, manifest=manifest,
-                             now=now))  # fmt: skip
+    report = {"outcome": outcome, **report}
+    done = drive(finish_plan(run_id=run_id, runner_id=runner_id, group_id=None, now=now, report=report))
     if not isinstance(done, Refused):
         return done
     state = done.state
-    kept = normalize_manifest(manifest, sealed_chunks=sealed_chunks) if manifest is not None else None
+    manifest = report.get("manifest")
+    kept = normalize_manifest(manifest, sealed_chunks=report.get("sealed_chunks")) if manifest is not None else None
     ours = runner_id is not None and state.assigned_runner_id == runner_id and state.status == outcome
-    if ours and state.exit_code == exit_code and (kept is None or state.log_manifest == kept):
+    if ours and state.exit_code == report.get("exit_code") and (kept is None or state.log_manifest == kept):
         return Run.objects.get(id=run_id)
     if ours:
         raise RunTerminal(
@@ -244,33 +244,24 @@ def run_finish(
 
 
 def finish_plan(
-    *,
-    run_id: uuid.UUID,
-    runner_id: uuid.UUID | None,
-    group_id: int | None,
-    outcome: str,
-    exit_code: int | None,
-    error: str,
-    sealed_chunks: int | None,
-    manifest: Mapping[str, Any] | None,
-    now: datetime,
+    *, run_id: uuid.UUID, runner_id: uuid.UUID | None, group_id: int | None, now: datetime, report: Mapping[str, Any]
 ) -> Plan[Run | Refused]:
     """/done as a plan: the finished run, or Refused. An invalid outcome or manifest raises before any write.
 
-    One round trip: the lane lock and the whole terminal edge (event,
-    deployment, token, the stack's next run promoted).
+    ``report``: the outcome and the rest DoneSerializer validated, handed to
+    the edge's statement as they are (``gantry.sql.runs.finish_args``). One
+    round trip: the lane lock and the whole terminal edge (event, deployment,
+    token, the stack's next run promoted).
     """
+    outcome = report["outcome"]
     if outcome not in sql.FINISH_OUTCOMES:
         raise InvalidRequest("outcome must be one of: succeeded, failure, cancelled")
-    if manifest is not None:
+    fields = {k: v for k, v in report.items() if k != "outcome"}
+    if fields.get("manifest") is not None:
         # Checked before the edge: a refused /done changes nothing.
-        manifest = normalize_manifest(manifest, sealed_chunks=sealed_chunks)
-        sealed_chunks = manifest["count"]
-    args = sql.one_args(
-        run=run_id, now=now, runner=runner_id, grp=group_id, target=outcome,
-        expected=sorted(sql.finish_expected(outcome)), exit_code=exit_code, error=error, sealed=sealed_chunks,
-        manifest=json.dumps(manifest) if manifest is not None else None,
-    )  # fmt: skip
+        fields["manifest"] = normalize_manifest(fields["manifest"], sealed_chunks=fields.get("sealed_chunks"))
+        fields["sealed_chunks"] = fields["manifest"]["count"]
+    args = sql.one_args(run=run_id, now=now, runner=runner_id, grp=group_id, **sql.finish_args(outcome, fields))
     result: Outcome = yield from move_plan(sql.FINISH, args)
     return result.run if result.run is not None else Refused(result.state)
 
