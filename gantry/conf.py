@@ -334,12 +334,54 @@ def github() -> GitHubConf:
     return conf
 
 
-# ---------------------------------------------------------------- the server process (gantry.asgi)
+# ---------------------------------------------------------------- the server process (gantry.server)
 #
-# The ASGI server's own knobs go in this section, each read once here like the
-# ones above: GANTRY_SYNC_THREADS and GANTRY_POLL_THREADS (gantry/asgi.py's
-# thread pools), GANTRY_FAST_LANE and GANTRY_FAST_LANE_LOOP (gantry/api/fastlane.py,
-# gantry/asgi.py), GANTRY_LANE_DB_POOL_MAX (gantry/api/lanedb.py) and
-# GANTRY_POLL_RECHECK_SECONDS (gantry/dispatch/asyncpoll.py). Those modules
-# still read them themselves until they move here (issue 22);
-# tests/test_layers.py allows exactly those names in exactly those files.
+# Read by the production server mode (``gunicorn gantry.asgi``) when it starts;
+# ``gantry.wsgi`` and ``runserver`` read none of them. docs/configuration.md,
+# "The server process" and "Diagnostics".
+
+
+@dataclass(frozen=True)
+class ServerConf:
+    # Threads per worker for every route but the long poll (the Django WSGI app, through a2wsgi).
+    sync_threads: int
+    # Threads per worker for the long poll's first attempt (a woken poll's claim has one more of its own).
+    poll_threads: int
+    # Whether the runner's hot calls are answered by the fast lane (gantry.server.lane) or all by Django.
+    fast_lane: bool
+    # Connections of the lane's own asyncio pool per event loop (gantry.server.lanedb).
+    lane_db_pool_max: int
+    # Diagnostics, not for production (docs/configuration.md, "Diagnostics"): the lane's
+    # one-statement calls on the request threads instead of the event loop (an A/B), and
+    # the period of the long poll's sweep for a lost NOTIFY (tests shorten it).
+    fast_lane_loop: bool = True
+    poll_recheck_seconds: float = 5.0
+
+
+def _envseconds(name: str, default: float, *, minimum: float, maximum: float) -> float:
+    """Seconds, a fraction allowed (unlike the whole seconds above); malformed or out of range: ImproperlyConfigured
+    naming the variable."""
+    import os  # here, not at the top: this section stays self-contained
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number of seconds") from None
+    if not minimum <= value <= maximum:  # also refuses nan
+        raise ImproperlyConfigured(f"{name}={raw} is outside {minimum:g}-{maximum:g} seconds")
+    return value
+
+
+@functools.cache
+def server() -> ServerConf:
+    return ServerConf(
+        sync_threads=envint("GANTRY_SYNC_THREADS", 16, minimum=1, maximum=1024),
+        poll_threads=envint("GANTRY_POLL_THREADS", 3, minimum=1, maximum=1024),
+        fast_lane=envbool("GANTRY_FAST_LANE", True),
+        lane_db_pool_max=envint("GANTRY_LANE_DB_POOL_MAX", 8, minimum=1, maximum=1024),
+        fast_lane_loop=envbool("GANTRY_FAST_LANE_LOOP", True),
+        poll_recheck_seconds=_envseconds("GANTRY_POLL_RECHECK_SECONDS", 5.0, minimum=0.1, maximum=300.0),
+    )

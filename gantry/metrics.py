@@ -383,7 +383,7 @@ def _poll_key() -> str:
 
 
 def record_poll_attempts(counts: Mapping[str, int]) -> None:
-    """Add one web process's claim attempts since its last flush (gantry.dispatch.asyncpoll). Fails open."""
+    """Add one web process's claim attempts since its last flush (gantry.server.asyncpoll). Fails open."""
     try:
         pipe = gantry_redis.client().pipeline(transaction=False)
         for kind, n in counts.items():

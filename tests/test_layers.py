@@ -25,8 +25,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -117,15 +115,6 @@ def test_the_core_imports_none_of_the_apps_built_on_it() -> None:
 # The environment readers of gantry/env.py, and os's own.
 _ENV_READERS = frozenset({"envstr", "envint", "envbool", "envlist", "getenv"})
 _CONF_MODULES = frozenset({"gantry/conf.py", "gantry/env.py"})
-# The server process's knobs, still read where they are used: another branch
-# moves them into conf.py's "server process" section, so these files are
-# left as they are here. Exactly these names, in exactly these files.
-_SERVER_PROCESS_KNOBS = {
-    "gantry/asgi.py": {"GANTRY_SYNC_THREADS", "GANTRY_POLL_THREADS", "GANTRY_FAST_LANE_LOOP"},
-    "gantry/api/fastlane.py": {"GANTRY_FAST_LANE"},
-    "gantry/api/lanedb.py": {"GANTRY_LANE_DB_POOL_MAX"},
-    "gantry/dispatch/asyncpoll.py": {"GANTRY_POLL_RECHECK_SECONDS"},
-}
 
 
 def _is_environ(node: ast.expr) -> bool:
@@ -178,6 +167,5 @@ def test_only_conf_reads_gantry_variables() -> None:
         if rel in _CONF_MODULES:
             continue
         for line, name in _env_reads(ast.parse(path.read_text())):
-            if name not in _SERVER_PROCESS_KNOBS.get(rel, set()):
-                found.append(f"{rel}:{line} {name}")
+            found.append(f"{rel}:{line} {name}")
     assert found == []

@@ -51,17 +51,34 @@ class RunnerPrincipal:
     is_active: bool = True
 
 
+BEARER = "Bearer"
+_BEARER = BEARER.lower().encode()
+
+
+def bearer_token(header: bytes) -> str | None:
+    """The token of an ``Authorization`` header's value (bytes, as sent); None when it is not a bearer one.
+
+    Raises AuthenticationFailed (401) for a bearer header without exactly one
+    token. The one reading of the header: BearerJWTAuthentication's and the
+    fast lane's (gantry.server.lane), which hands a refused one to Django.
+    """
+    parts = header.split()
+    if not parts or parts[0].lower() != _BEARER:
+        return None
+    if len(parts) != 2:
+        raise exceptions.AuthenticationFailed("Authorization: Bearer takes exactly one token")
+    return parts[1].decode("ascii", errors="replace")  # a non-ASCII token then fails to verify: a 401
+
+
 class BearerJWTAuthentication(authentication.BaseAuthentication):
-    keyword = "Bearer"
+    keyword = BEARER
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        token = bearer_token(authentication.get_authorization_header(request))
+        if token is None:
             return None
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Authorization: Bearer takes exactly one token")
         try:
-            claims = tokens.decode(header[1].decode("ascii", errors="replace"))
+            claims = tokens.decode(token)
         except tokens.TokenInvalid as exc:
             raise exceptions.AuthenticationFailed(f"invalid token: {exc}") from None
         if claims.audience == tokens.AUD_GROUP:

@@ -19,19 +19,19 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gantry import conf
-from gantry.api import fastbody
 from gantry.api.auth import IsRunner, IsRunnerGroup, RunnerPrincipal
 from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
-from gantry.api.serializers import SpecSerializer
+from gantry.api.serializers import SpecSerializer, int_in, plain_str, str_dict
 from gantry.core import services
 from gantry.core.errors import BackendDispatchedGroup, InvalidRequest, NotFound
 from gantry.core.models import GroupKind, RunStatus
-from gantry.dispatch import asyncpoll, oidc
 from gantry.dispatch import claim as dispatch
+from gantry.dispatch import oidc
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS
 from gantry.reapers import reconcile
+from gantry.server import asyncpoll
 
 # A reconcile report's bounds: workers per call, and an exited worker's last lines.
 RECONCILE_MAX_WORKERS = 1000
@@ -47,25 +47,24 @@ class ClaimSerializer(serializers.Serializer):
     runner_token = serializers.CharField(help_text="The runner JWT; hand it to the ephemeral runner.")
     assigned_expires_at = serializers.DateTimeField(help_text="The runner must /accept before this.")
 
+    @staticmethod
+    def fast_represent(result: Any) -> dict[str, Any]:
+        """The 200 body of a won claim (the view's, the fast lane's and the ASGI wake's alike).
+
+        ClaimSerializer's representation without building the serializer (its
+        field binding cost more than the rest of the poll's rendering): the ids
+        as their UUIDFields render them, the deadline by the serializer's own
+        bound field (DRF's format and time zone).
+        """
+        return {
+            "run_id": str(result.run_id),
+            "runner_id": str(result.runner_id),
+            "runner_token": str(result.runner_token),
+            "assigned_expires_at": _EXPIRES_AT.to_representation(result.assigned_expires_at),
+        }
+
 
 _EXPIRES_AT = ClaimSerializer().fields["assigned_expires_at"]
-
-
-def claim_answer(result: Any) -> dict[str, Any]:
-    """The 200 body of a won claim (the view's, the fast lane's and the ASGI wake's alike).
-
-    ClaimSerializer's representation without building the serializer (its
-    field binding was a quarter of the poll's Python): the ids as their
-    UUIDFields render them, the deadline by the serializer's own bound field
-    (DRF's format and time zone). tests/api/test_runner_hot_routes.py holds the
-    two to the same bytes.
-    """
-    return {
-        "run_id": str(result.run_id),
-        "runner_id": str(result.runner_id),
-        "runner_token": str(result.runner_token),
-        "assigned_expires_at": _EXPIRES_AT.to_representation(result.assigned_expires_at),
-    }
 
 
 def counted_claims(group: Any) -> Any:
@@ -133,7 +132,7 @@ class PollView(APIView):
             result = None
         if result is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(claim_answer(result))
+        return Response(ClaimSerializer.fast_represent(result))
 
 
 class DispatchFailedSerializer(serializers.Serializer):
@@ -251,6 +250,28 @@ class ReadySerializer(serializers.Serializer):
     pod_name = serializers.CharField(max_length=253, required=False, allow_blank=True)
     workflow_run_id = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=INT64_MAX)
 
+    @staticmethod
+    def fast_validate(data: Any) -> dict[str, Any] | None:
+        """The validated data for a plain body (plain strings, ints in range or null, no other key), or None:
+        let the serializer judge it."""
+        if type(data) is not dict:
+            return None
+        for key, value in data.items():
+            if key in _READY_STR:
+                if not plain_str(value, _READY_STR[key]):
+                    return None
+            elif key in _READY_INT:
+                if value is not None and not int_in(value, *_READY_INT[key]):
+                    return None
+            else:
+                return None  # DRF would drop it; the serializer can say so itself
+        return dict(data)
+
+
+# ReadySerializer's fields: max_length of the strings, (low, high) of the nullable ints.
+_READY_STR = {"hostname": 255, "launcher": 32, "container_id": 128, "pod_name": 253}
+_READY_INT = {"pid": (0, INT32_MAX), "workflow_run_id": (0, INT64_MAX)}
+
 
 class ReadyView(APIView):
     permission_classes = [IsRunner]
@@ -265,7 +286,7 @@ class ReadyView(APIView):
     )
     def post(self, request: Request, runner_id: uuid.UUID) -> Response:
         principal = runner_of(request, runner_id=runner_id)
-        data = fastbody.ready(request.data) or validated(ReadySerializer, request)
+        data = ReadySerializer.fast_validate(request.data) or validated(ReadySerializer, request)
         services.runner_ready(runner_id=principal.runner.id, metadata=dict(data))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -287,6 +308,41 @@ class RunContextSerializer(serializers.Serializer):
     logs = LogsInfoSerializer()
     status_interval_s = serializers.IntegerField()
     api_token = serializers.CharField(help_text="The run's API token. Shown once; the server keeps its hash only.")
+
+    @staticmethod
+    def fast_represent(context: Any) -> dict[str, Any] | None:
+        """``RunContextSerializer(context).data`` for plain values (a plain spec, str secrets, no scm, int
+        figures), or None: let the serializer render it."""
+        spec = SpecSerializer.fast_represent(context["spec"])
+        logs = context["logs"]
+        plain = (
+            spec is not None
+            and str_dict(context["secrets"])
+            and context["scm"] is None
+            and type(logs) is dict
+            and logs.keys() == _LOGS_KEYS
+            and all(type(v) is int for v in logs.values())
+            and type(context["deployment_id"]) is int
+            and type(context["stack_id"]) is int
+            and type(context["status_interval_s"]) is int
+            and type(context["api_token"]) is str
+        )
+        if not plain:
+            return None
+        return {
+            "run_id": str(context["run_id"]),
+            "deployment_id": context["deployment_id"],
+            "stack_id": context["stack_id"],
+            "spec": spec,
+            "secrets": dict(context["secrets"]),
+            "scm": None,
+            "logs": {k: logs[k] for k in ("chunk_size_bytes", "seal_interval_s", "live_interval_s", "max_bytes")},
+            "status_interval_s": context["status_interval_s"],
+            "api_token": context["api_token"],
+        }
+
+
+_LOGS_KEYS = frozenset({"chunk_size_bytes", "seal_interval_s", "live_interval_s", "max_bytes"})
 
 
 class AcceptView(APIView):
@@ -313,12 +369,20 @@ class AcceptView(APIView):
 def accept_answer(run: Any, api_token: str) -> dict[str, Any]:
     """The 200 body of an accept: the RunContext (the view's and the fast lane's alike)."""
     context = services.run_context(run=run, api_token=api_token)
-    return fastbody.run_context(context) or dict(RunContextSerializer(context).data)
+    return RunContextSerializer.fast_represent(context) or dict(RunContextSerializer(context).data)
 
 
 class RunStatusSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=RunStatus.choices)
     cancel_requested = serializers.BooleanField()
+
+    @staticmethod
+    def fast_represent(run_status: str) -> dict[str, Any]:
+        """The 200 body of /status for a run in ``run_status`` (the view's and the fast lane's alike)."""
+        return {
+            "status": run_status,
+            "cancel_requested": run_status in (RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING),
+        }
 
 
 class StatusView(APIView):
@@ -350,15 +414,7 @@ class StatusView(APIView):
         runner_of(request, run_id=run_id)
         if run_status is None:
             raise NotFound("run not found")
-        return Response(status_answer(run_status))
-
-
-def status_answer(run_status: str) -> dict[str, Any]:
-    """The 200 body of /status (the view's and the fast lane's alike)."""
-    return {
-        "status": run_status,
-        "cancel_requested": run_status in (RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING),
-    }
+        return Response(RunStatusSerializer.fast_represent(run_status))
 
 
 class AcknowledgeCancelView(APIView):
@@ -382,13 +438,59 @@ class ManifestSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=64), max_length=MAX_CHUNKS, help_text="Hash of each sealed chunk."
     )
 
+    @staticmethod
+    def fast_validate(value: Any) -> dict[str, Any] | None:
+        """The validated data for a plain manifest (both keys, plain non-blank hashes), or None."""
+        if type(value) is not dict or value.keys() != _MANIFEST_KEYS or not int_in(value["count"], 0, MAX_CHUNKS):
+            return None
+        hashes = value["sha256"]
+        if type(hashes) is not list or len(hashes) > MAX_CHUNKS:
+            return None
+        if not all(plain_str(h, 64, allow_blank=False) for h in hashes):
+            return None
+        return {"count": value["count"], "sha256": list(hashes)}
+
+
+_MANIFEST_KEYS = frozenset({"count", "sha256"})
+
+
+OUTCOMES = ("succeeded", "failure", "cancelled")
+
 
 class DoneSerializer(serializers.Serializer):
-    outcome = serializers.ChoiceField(choices=["succeeded", "failure", "cancelled"])
+    outcome = serializers.ChoiceField(choices=OUTCOMES)
     exit_code = serializers.IntegerField(required=False, allow_null=True, min_value=-INT32_MAX - 1, max_value=INT32_MAX)
     sealed_chunks = serializers.IntegerField(required=False, min_value=0, max_value=MAX_CHUNKS)
     manifest = ManifestSerializer(required=False)
     error = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+
+    @staticmethod
+    def fast_validate(data: Any) -> dict[str, Any] | None:
+        """The validated data for a plain body, or None: let the serializer judge it."""
+        if type(data) is not dict or type(data.get("outcome")) is not str or data["outcome"] not in _OUTCOMES:
+            return None
+        out = dict(data)
+        for key, value in data.items():
+            if key == "outcome":
+                continue
+            if key == "exit_code":
+                ok = value is None or int_in(value, -INT32_MAX - 1, INT32_MAX)
+            elif key == "sealed_chunks":
+                ok = int_in(value, 0, MAX_CHUNKS)
+            elif key == "error":
+                ok = plain_str(value, 4000)
+            elif key == "manifest":
+                manifest = ManifestSerializer.fast_validate(value)
+                ok = manifest is not None
+                out["manifest"] = manifest
+            else:
+                ok = False  # DRF would drop it; the serializer can say so itself
+            if not ok:
+                return None
+        return out
+
+
+_OUTCOMES = frozenset(OUTCOMES)
 
 
 class DoneView(APIView):
@@ -405,11 +507,12 @@ class DoneView(APIView):
     )
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = runner_of(request, run_id=run_id)
-        data = fastbody.done(request.data) or validated(DoneSerializer, request)
+        data = DoneSerializer.fast_validate(request.data) or validated(DoneSerializer, request)
         services.run_finish(run_id=run_id, runner_id=principal.runner.id, **data)
         # After the run is settled: storage is now the whole log (the final
-        # chunk was sealed before /done), and the reader uses the manifest.
-        live_logs.delete(run_id)
+        # chunk was sealed before /done), and the reader uses the manifest,
+        # so the record goes a moment later with others (as on the fast lane).
+        live_logs.delete_soon(run_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

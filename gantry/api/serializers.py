@@ -155,6 +155,40 @@ class TokenSerializer(serializers.Serializer):
     token = serializers.CharField(help_text="The new group token; shown once.")
 
 
+# ---------------------------------------------------------------- fast paths
+#
+# Building a DRF serializer deep-copies every declared field, and validating or
+# rendering walks them all: on the runner's hot calls that cost more Python
+# than the calls' statements. So a serializer on those calls carries a
+# ``fast_validate`` (or ``fast_represent``) beside it: the same result for the
+# plain shapes a well-behaved runner sends and receives, and None for anything
+# else, which then goes to the serializer itself (every refusal, its code and
+# its ``fields`` detail stay DRF's). tests/api/test_fast_serializers.py holds
+# each pair equal on generated plain and hostile values.
+
+
+def plain_str(value: Any, max_length: int, *, allow_blank: bool = True) -> bool:
+    """Whether a DRF CharField (trimming, the default) takes ``value`` unchanged: a str, no surrounding
+    whitespace to trim, no NUL or surrogate (isprintable), within ``max_length``."""
+    return (
+        type(value) is str
+        and len(value) <= max_length
+        and (allow_blank or value != "")
+        and value == value.strip()
+        and value.isprintable()
+    )
+
+
+def int_in(value: Any, low: int, high: int) -> bool:
+    """Whether a DRF IntegerField with these bounds takes ``value`` unchanged (an int; a bool is not one to DRF)."""
+    return type(value) is int and low <= value <= high
+
+
+def str_dict(value: Any) -> bool:
+    """A dict of str keys and str values: what a DictField(child=CharField()) renders unchanged."""
+    return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())
+
+
 class StepSerializer(serializers.Serializer):
     name = serializers.CharField()
     run = serializers.CharField(help_text="A shell command line.")
@@ -164,6 +198,35 @@ class SpecSerializer(serializers.Serializer):
     steps = StepSerializer(many=True)
     env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
     timeout_seconds = serializers.IntegerField(required=False, min_value=1)
+
+    @staticmethod
+    def fast_represent(spec: Any) -> dict[str, Any] | None:
+        """``SpecSerializer(spec).data`` for a plain spec (steps of name and run, optional env and
+        timeout_seconds, nothing else), or None: let the serializer render it."""
+        if type(spec) is not dict or "steps" not in spec or not spec.keys() <= _SPEC_KEYS:
+            return None
+        steps = spec["steps"]
+        if type(steps) is not list or not all(
+            type(s) is dict and s.keys() == _STEP_KEYS and type(s["name"]) is str and type(s["run"]) is str
+            for s in steps
+        ):
+            return None
+        out: dict[str, Any] = {"steps": [{"name": s["name"], "run": s["run"]} for s in steps]}
+        if "env" in spec:
+            env = spec["env"]
+            if env is not None and not str_dict(env):
+                return None
+            out["env"] = dict(env) if env is not None else None
+        if "timeout_seconds" in spec:
+            timeout = spec["timeout_seconds"]
+            if timeout is not None and type(timeout) is not int:
+                return None
+            out["timeout_seconds"] = timeout
+        return out
+
+
+_SPEC_KEYS = frozenset({"steps", "env", "timeout_seconds"})
+_STEP_KEYS = frozenset({"name", "run"})
 
 
 @extend_schema_field(SpecSerializer)

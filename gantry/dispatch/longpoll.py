@@ -63,11 +63,11 @@ class ClaimableListener:
         self._ready = threading.Event()
         self._stop = threading.Event()
         # Callbacks (org id, or None after a reconnect) run on this thread: the
-        # ASGI poll hands each notification to its event loop (gantry.dispatch.asyncpoll).
+        # ASGI poll hands each notification to its event loop (gantry.server.asyncpoll).
         self._subscribers: list[Callable[[int | None, bool], None]] = []
         # One listener per database holds LEADER_LOCK: its process's parked polls
         # are woken first; the others' only when a run is still claimable after
-        # a short delay (gantry.dispatch.asyncpoll), so one run costs one claim
+        # a short delay (gantry.server.asyncpoll), so one run costs one claim
         # attempt however many server processes hear its NOTIFY.
         self.leader = False
         self.wants_lead = False  # only a process with parked polls to wake competes (gantry.asgi)

@@ -168,7 +168,7 @@ _doomed_lock = threading.Lock()
 
 
 def delete_soon(run_id: uuid.UUID) -> None:
-    """Drop the run's record within :data:`DELETE_SOON_SECONDS`, together with others: for the fast lane's /done.
+    """Drop the run's record within :data:`DELETE_SOON_SECONDS`, together with others: for /done (either path).
 
     A finished run's reader goes by its manifest (written by /done itself)
     and ignores the record, so dropping it a second later changes no answer;

@@ -65,7 +65,7 @@ def live_push_hot(
     *, run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None, chunk_index: int,
     sealed_chunks: int, data: bytes,
 ) -> bool:  # fmt: skip
-    """The push's common case (gantry.api.fastlane): True once the runner executes the run and the push is handled.
+    """The push's common case (gantry.server.lane): True once the runner executes the run and the push is handled.
 
     Handled is stored, or dropped because Redis is unavailable (the route's
     204 either way). False wrote nothing: the run is not executing on this

@@ -11,30 +11,17 @@ commit their own transactions, as under the server.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import uuid
-from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from django.db import connection
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
-from gantry.api import fastbody
 from gantry.api.auth import BearerJWTAuthentication
-from gantry.api.runner_views import (
-    ClaimSerializer,
-    DoneSerializer,
-    ReadySerializer,
-    RunContextSerializer,
-    claim_answer,
-)
 from gantry.core import services, tokens
 from gantry.core.models import Deployment, Run, RunEvent, Runner, RunnerGroup, RunToken, Stack
-from gantry.dispatch.claim import Claim
 from gantry.sql import statement
 
 
@@ -277,136 +264,15 @@ def test_it_refuses_a_second_accept_and_fails_the_run(group: RunnerGroup, stack:
     assert Run.objects.get(id=run).status == "failure"
 
 
-# ---------------------------------------------------------------- the bodies' fast paths
-
-
-READY_BODIES: list[Any] = [
-    {},
-    {"hostname": "h", "launcher": "local", "pid": 12, "container_id": "", "pod_name": "p", "workflow_run_id": None},
-    {"hostname": " padded "},
-    {"hostname": "x" * 256},
-    {"hostname": "nul\x00"},
-    {"hostname": 5},
-    {"pid": True},
-    {"pid": -1},
-    {"pid": 2**31},
-    {"pid": "12"},
-    {"workflow_run_id": 2**63},
-    {"other": 1},
-    ["not", "an", "object"],
-]
-
-DONE_BODIES: list[Any] = [
-    {"outcome": "succeeded", "exit_code": 0},
-    {"outcome": "failure", "exit_code": -9, "sealed_chunks": 3, "manifest": {"count": 3, "sha256": ["a" * 64] * 3}},
-    {"outcome": "cancelled", "exit_code": None, "error": ""},
-    {"outcome": "succeeded", "error": "boom"},
-    {"outcome": "succeeded", "error": "two\nlines"},
-    {"outcome": "succeeded", "error": "x" * 4001},
-    {"outcome": "weird"},
-    {"outcome": ["succeeded"]},
-    {"exit_code": 0},
-    {"outcome": "succeeded", "exit_code": 2**31},
-    {"outcome": "succeeded", "exit_code": False},
-    {"outcome": "succeeded", "sealed_chunks": None},
-    {"outcome": "succeeded", "manifest": {"count": 1}},
-    {"outcome": "succeeded", "manifest": {"count": 1, "sha256": ["a" * 65]}},
-    {"outcome": "succeeded", "manifest": {"count": 1, "sha256": "abc"}},
-    {"outcome": "succeeded", "manifest": {"count": 1, "sha256": [" a"], "extra": 1}},
-    {"outcome": "succeeded", "unknown": 1},
-]
-
-
-def _drf(serializer: Any, body: Any) -> dict[str, Any] | None:
-    ser = serializer(data=body)
-    return _plain(dict(ser.validated_data)) if isinstance(body, dict) and ser.is_valid() else None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-@pytest.mark.parametrize("body", READY_BODIES)
-def test_it_reads_a_ready_body_as_its_serializer_would(body: Any) -> None:
-    fast = fastbody.ready(body)
-    if fast is not None:
-        assert _plain(fast) == _drf(ReadySerializer, body)
-
-
-@pytest.mark.parametrize("body", DONE_BODIES)
-def test_it_reads_a_done_body_as_its_serializer_would(body: Any) -> None:
-    fast = fastbody.done(body)
-    if fast is not None:
-        assert _plain(fast) == _drf(DoneSerializer, body)
-
-
-def test_it_takes_the_fast_path_for_the_bodies_a_runner_sends() -> None:
-    assert fastbody.ready(READY_BODIES[1]) is not None
-    assert fastbody.done(DONE_BODIES[1]) is not None
-    # Anything unusual is left to the serializer.
-    assert all(fastbody.ready(b) is None for b in READY_BODIES[2:])
-    assert all(fastbody.done(b) is None for b in DONE_BODIES[4:])
-
-
-@pytest.mark.parametrize(
-    "spec",
-    [
-        {"steps": [{"name": "a", "run": "true"}]},
-        {"steps": [{"name": "a", "run": "true"}], "env": {"K": "v"}, "timeout_seconds": 60},
-        {"steps": [], "env": None},
-        {"steps": [{"name": "a", "run": "true", "extra": 1}]},
-        {"steps": [{"name": "a", "run": 5}]},
-        {"steps": [{"name": "a", "run": "x"}], "env": {"K": 1}},
-    ],
-)
-def test_it_renders_a_run_context_as_its_serializer_would(spec: dict[str, Any]) -> None:
-    context = {
-        "run_id": uuid.uuid4(),
-        "deployment_id": 3,
-        "stack_id": 4,
-        "spec": spec,
-        "secrets": {"TOKEN": "s3cret"},
-        "scm": None,
-        "logs": {"chunk_size_bytes": 1, "seal_interval_s": 2, "live_interval_s": 3, "max_bytes": 4},
-        "status_interval_s": 5,
-        "api_token": "gr_x",
-    }
-    fast = fastbody.run_context(context)
-    if fast is not None:
-        assert list(fast) == list(RunContextSerializer(context).data)
-        assert _plain(fast) == _plain(RunContextSerializer(context).data)
-
-
-@pytest.mark.parametrize(
-    "expires",
-    [
-        datetime(2026, 12, 1, 18, 30, 5, 123456, tzinfo=UTC),
-        datetime(2026, 12, 1, 18, 30, 5, tzinfo=UTC),
-        datetime(2026, 12, 1, 20, 30, 5, 7, tzinfo=timezone(timedelta(hours=2))),
-    ],
-)
-def test_it_renders_a_claim_as_its_serializer_would(expires: datetime) -> None:
-    claim = Claim(run_id=uuid.uuid4(), runner_id=uuid.uuid4(), runner_token="a.b.c", assigned_expires_at=expires)
-    fields = {name: getattr(claim, name) for name in ("run_id", "runner_id", "runner_token", "assigned_expires_at")}
-    slow = dict(ClaimSerializer(fields).data)
-    fast = claim_answer(claim)
-    assert list(fast) == list(slow)
-    assert JSONRenderer().render(fast) == JSONRenderer().render(slow)
-
-
 # ---------------------------------------------------------------- the token's group folded into the statement
 
 
 def test_the_hot_edges_change_nothing_for_a_runner_of_another_group(
     group: RunnerGroup, stack: Stack, globex: Any
 ) -> None:
-    # gantry.api.fastlane skips the separate authentication read: each edge's
-    # own statement checks the token's group, and refuses with nothing written
-    # when the runner is not of it.
+    # gantry.server.lane skips the separate authentication read: each edge's
+    # own statement checks the token's group, and refuses with nothing
+    # written when the runner is not of it.
     from django.utils import timezone
 
     other, _ = services.runner_group_create(org=globex, name="other")
@@ -448,32 +314,3 @@ def test_the_hot_edges_change_nothing_for_a_runner_of_another_group(
     assert Runner.objects.filter(id=runner).exists()
     assert drive(services.deregister_plan(runner_id=runner, group_id=group.id, now=now)) == (True, False, True)
     assert not Runner.objects.filter(id=runner).exists()
-
-
-_GZ = base64.b64encode(gzip.compress(b"out\n")).decode()
-LIVE_BODIES: list[Any] = [
-    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ},
-    {"chunk_index": 7, "sealed_chunks": 7, "data": _GZ},
-    {"chunk_index": 1, "sealed_chunks": 2, "data": _GZ},  # sealed past the active chunk
-    {"chunk_index": 0, "sealed_chunks": 0, "data": "bm90IGd6aXA="},  # base64, not a gzip
-    {"chunk_index": 0, "sealed_chunks": 0, "data": "***"},
-    {"chunk_index": "0", "sealed_chunks": 0, "data": _GZ},  # DRF takes the string
-    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "extra": True},  # DRF drops the key
-    {"chunk_index": True, "sealed_chunks": 0, "data": _GZ},
-    {"chunk_index": 0, "sealed_chunks": 0, "data": ""},
-    [],
-]
-
-
-@pytest.mark.parametrize("body", LIVE_BODIES)
-def test_it_reads_a_live_push_as_its_serializer_would(body: Any) -> None:
-    from gantry.logs.views import LivePushSerializer
-
-    fast = fastbody.live_push(body)
-    if fast is not None:
-        assert fast == _drf(LivePushSerializer, body)
-
-
-def test_it_takes_the_fast_path_for_the_pushes_a_runner_sends() -> None:
-    assert all(fastbody.live_push(b) is not None for b in LIVE_BODIES[:2])
-    assert all(fastbody.live_push(b) is None for b in LIVE_BODIES[2:])

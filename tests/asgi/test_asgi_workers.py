@@ -1,4 +1,4 @@
-"""Two server processes: one new run still costs one claim attempt (gantry.dispatch.asyncpoll, the leader).
+"""Two server processes: one new run still costs one claim attempt (gantry.server.asyncpoll, the leader).
 
 Its own module: the other module's server (one more process wanting to lead)
 is stopped by then, so the two workers here are the only candidates.

@@ -1,4 +1,4 @@
-"""The fast lane (gantry.api.fastlane) under the production ASGI mode: Django's answers, without Django's stack.
+"""The fast lane (gantry.server.lane) under the production ASGI mode: Django's answers, without Django's stack.
 
 Every hot call a runner makes is served by the lane and answers what the
 Django view answers (status, headers, body), checked against the same call
@@ -21,14 +21,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.test import override_settings
 from prometheus_client import REGISTRY
 from rest_framework.test import APIClient
 
-from gantry.api import fastlane
 from gantry.core import services, tokens
 from gantry.core.models import Organization, Run, Runner, RunnerGroup, RunStatus
-from gantry.dispatch import asyncpoll
+from gantry.server import asyncpoll, lane
 from tests.asgi.server import POLL, Server, asgi_server
 from tests.dispatch.helpers import deploy, make_group, make_stack
 
@@ -84,7 +82,7 @@ def django(method: str, path: str, token: str | None = None, body: Any = None,
     return response.status_code, {k.lower(): v for k, v in response.headers.items()}, response.content
 
 
-def served(server: Server, route: str, outcome: str = fastlane.SERVED) -> float:
+def served(server: Server, route: str, outcome: str = lane.SERVED) -> float:
     try:
         return server.metric(f'gantry_fast_lane_requests_total{{outcome="{outcome}",route="{route}"}}')
     except AssertionError:
@@ -134,14 +132,16 @@ def test_every_hot_call_is_served_by_the_lane_and_answers_as_django(server: Serv
     group = linux(acme)
     for name in ("web", "api"):
         deploy(make_stack(acme, name, {"os": "linux"}))
-    before = {route.name: served(server, route.name) for route in fastlane.ROUTES}
+    before = {route.name: served(server, route.name) for route in lane.ROUTES}
 
-    lane = lifecycle(lambda *a: call(server, *a), group_token(group))
-    after = {route.name: served(server, route.name) for route in fastlane.ROUTES}
+    served_steps = lifecycle(lambda *a: call(server, *a), group_token(group))
+    after = {route.name: served(server, route.name) for route in lane.ROUTES}
     assert {name: after[name] - before[name] for name in after} == dict.fromkeys(after, 1.0)
 
     plain = lifecycle(django, group_token(group))
-    for (name, status, headers, body), (_, want_status, want_headers, want_body) in zip(lane, plain, strict=True):
+    for (name, status, headers, body), (_, want_status, want_headers, want_body) in zip(
+        served_steps, plain, strict=True
+    ):
         assert status == want_status, name
         # Lengths differ only where a per-run value's digits do (ids, tokens).
         assert {k: v for k, v in headers.items() if k != "content-length"} == {
@@ -149,7 +149,7 @@ def test_every_hot_call_is_served_by_the_lane_and_answers_as_django(server: Serv
         }, name
         assert shape(body) == shape(want_body), name
         assert ("content-length" in headers) == ("content-length" in want_headers), name
-    assert lane[4][3] == plain[4][3] == {"status": "running", "cancel_requested": False}
+    assert served_steps[4][3] == plain[4][3] == {"status": "running", "cancel_requested": False}
     assert Run.objects.filter(organization=acme, status=RunStatus.SUCCEEDED).count() == 2
     assert not Runner.objects.filter(runner_group=group).exists()
 
@@ -211,48 +211,73 @@ def test_calls_the_lane_does_not_take_get_djangos_answer(server: Server, acme: O
         ("poll", "GET", POLL + "?wait=1&x=2", tok, None, {}, None),  # 403 a runner token
     ]
     for route, method, path, token, body, headers, raw in cases:
-        was = served(server, route, fastlane.DJANGO)
+        was = served(server, route, lane.DJANGO)
         got = call(server, method, path, token, body, headers, raw)
         want = django(method, path, token, body, headers, raw)
         assert got[0] == want[0], (path, body, headers, got)
         assert got[2] == want[2], (path, body, headers)
         assert got[1] == want[1], (path, body, headers)
         if headers.get("Host") or headers.get("Accept") or "?format" in path:
-            assert served(server, route, fastlane.DJANGO) == was  # not admitted at all: not even counted
+            assert served(server, route, lane.DJANGO) == was  # not admitted at all: not even counted
         else:
-            assert served(server, route, fastlane.DJANGO) == was + 1, (path, body)
+            assert served(server, route, lane.DJANGO) == was + 1, (path, body)
     assert Run.objects.get(id=run).status == RunStatus.RUNNING
     assert Runner.objects.get(id=runner).status == "busy"
 
 
 def test_a_body_the_lane_read_reaches_django_whole(server: Server, acme: Organization) -> None:
-    # Surrounding spaces are outside fastbody's plain shape: the lane hands the
+    # Surrounding spaces are outside ReadySerializer.fast_validate's plain shape: the lane hands the
     # call over with the body it read, and DRF trims them, as it always did.
     deploy(make_stack(acme, "web", {"os": "linux"}))
     _, _, body = call(server, "GET", POLL + "?wait=0", group_token(linux(acme)))
     claim = json.loads(body)
     runner, tok = claim["runner_id"], claim["runner_token"]
-    was = served(server, "ready", fastlane.DJANGO)
+    was = served(server, "ready", lane.DJANGO)
     assert call(server, "POST", f"/api/v1/runners/{runner}/ready", tok, {"hostname": "  spaced  "})[0] == 204
-    assert served(server, "ready", fastlane.DJANGO) == was + 1
+    assert served(server, "ready", lane.DJANGO) == was + 1
     assert Runner.objects.get(id=runner).hostname == "spaced"
     # ...and a body over the lane's bound goes to Django unread (the JSON allows the padding).
-    padded = json.dumps({"hostname": "again"}).encode() + b" " * (fastlane.MAX_BODY + 1)
+    padded = json.dumps({"hostname": "again"}).encode() + b" " * (lane.MAX_BODY + 1)
     assert call(server, "POST", f"/api/v1/runners/{runner}/ready", tok, raw=padded)[0] == 204
     assert Runner.objects.get(id=runner).hostname == "again"
 
 
-def test_the_lane_is_off_for_a_middleware_list_it_does_not_reproduce(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert fastlane.ENABLED, fastlane.DISABLED_REASON  # this suite's settings are production's
-    assert fastlane._disabled_reason() is None
-    with override_settings(MIDDLEWARE=[*fastlane.KNOWN_MIDDLEWARE, "django.middleware.gzip.GZipMiddleware"]):
-        assert "MIDDLEWARE" in (fastlane._disabled_reason() or "")
-    with override_settings(SECURE_SSL_REDIRECT=True):
-        assert "SECURE_SSL_REDIRECT" in (fastlane._disabled_reason() or "")
-    with override_settings(USE_X_FORWARDED_HOST=True):
-        assert "USE_X_FORWARDED_HOST" in (fastlane._disabled_reason() or "")
-    monkeypatch.setenv("GANTRY_FAST_LANE", "false")
-    assert fastlane._disabled_reason() == "GANTRY_FAST_LANE is false"
+def nested(key: str, depth: int = 30_000) -> bytes:
+    """``{"key": [[[…]]]}``: deeper than the JSON decoder recurses (about 60 KB, under the lane's body bound)."""
+    return b'{"%s": ' % key.encode() + b"[" * depth + b"]" * depth + b"}"
+
+
+def test_a_bad_body_gets_djangos_answer_from_the_production_server(server: Server, acme: Organization) -> None:
+    # Judged by the one strict parser on both paths (gantry.api.parsers.strict_json):
+    # the lane hands every body it refuses to Django, whose parser answers it.
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    run, runner, tok = accepted(server, linux(acme))
+    ready, done, live = f"/api/v1/runners/{runner}/ready", f"/api/v1/runs/{run}/done", f"/api/v1/runs/{run}/logs/live"
+    over = b'{"data": "' + b"A" * (4 * 1024 * 1024) + b'"}'  # past DATA_UPLOAD_MAX_MEMORY_SIZE: a JSON 413
+    cases: list[tuple[str, str, bytes, int]] = [
+        ("ready", ready, nested("hostname"), 400),  # was a 500: RecursionError escaped the lane
+        ("done", done, nested("outcome"), 400),
+        ("live", live, nested("data"), 400),
+        ("ready", ready, b'{"hostname": ' + b"[" * 40 + b"]" * 40 + b"}", 400),  # past jsonsafe's depth
+        ("ready", ready, b'{"hostname": "nul\\u0000byte"}', 400),
+        ("done", done, b'{"outcome": "succeeded", "error": "nul\\u0000byte"}', 400),
+        ("ready", ready, b'{"hostname": "lone\\ud800surrogate"}', 400),
+        ("live", live, b'{"chunk_index": 0, "sealed_chunks": 0, "data": "\\udfff"}', 400),
+        ("ready", ready, b'{"hostname": "\xff"}', 400),  # not UTF-8
+        ("ready", ready, b'{"pid": Infinity}', 400),
+        ("live", live, over, 413),
+    ]
+    for route, path, body, status in cases:
+        was = served(server, route, lane.DJANGO)
+        got = call(server, "POST", path, tok, raw=body)
+        want = django("POST", path, tok, raw=body)
+        assert got[0] == want[0] == status, (route, body[:60], got)
+        assert got[2] == want[2], (route, body[:60])
+        assert got[1] == want[1], (route, body[:60])
+        # Read by the lane and handed over (counted), or over its bound and never read (not counted).
+        assert served(server, route, lane.DJANGO) == was + (len(body) <= lane.LIVE.max_body), (route, body[:60])
+    assert Run.objects.get(id=run).status == RunStatus.RUNNING
+    assert "RecursionError" not in server.tail()
 
 
 def test_with_the_lane_off_django_answers_every_call(acme: Organization, tmp_path: Any) -> None:
@@ -262,8 +287,8 @@ def test_with_the_lane_off_django_answers_every_call(acme: Organization, tmp_pat
     with asgi_server(tmp_path, GANTRY_FAST_LANE="false") as off:
         steps = lifecycle(lambda *a: call(off, *a), group_token(group))
         assert [status for _, status, _, _ in steps] == [200, 204, 200, 204, 200, 204, 204]
-        assert all(served(off, route.name) == 0 for route in fastlane.ROUTES)
-        assert all(served(off, route.name, fastlane.DJANGO) == 0 for route in fastlane.ROUTES)
+        assert all(served(off, route.name) == 0 for route in lane.ROUTES)
+        assert all(served(off, route.name, lane.DJANGO) == 0 for route in lane.ROUTES)
 
 
 def test_a_live_push_through_the_lane_is_the_record_the_reader_sees(server: Server, acme: Organization) -> None:
@@ -292,12 +317,12 @@ def test_a_database_error_hands_the_call_to_django_with_nothing_written(acme: Or
     deploy(make_stack(acme, "web", {"os": "linux"}))
     won = claim(group=linux(acme))
     assert won is not None
-    call_ = fastlane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
+    call_ = lane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
     before = Runner.objects.values_list("last_seen_at", flat=True).get(id=won.runner_id)
-    handed = {"route": "status", "outcome": fastlane.DJANGO}
+    handed = {"route": "status", "outcome": lane.DJANGO}
     was = REGISTRY.get_sample_value("gantry_fast_lane_requests_total", handed) or 0.0
     with psycopg.connect(**params) as other:
         other.execute("LOCK TABLE runner IN ACCESS EXCLUSIVE MODE")
@@ -305,7 +330,7 @@ def test_a_database_error_hands_the_call_to_django_with_nothing_written(acme: Or
             cur.execute("SET statement_timeout = '200ms'")
         timed = connection.connection
         try:
-            assert fastlane.serve(fastlane.STATUS, call_) is None
+            assert lane.serve(lane.STATUS, call_) is None
         finally:
             # A session setting outlives the test on that connection, which the lane handed
             # back to the pool: left at 200 ms, a later test's flush (TRUNCATE) is cancelled
@@ -315,7 +340,7 @@ def test_a_database_error_hands_the_call_to_django_with_nothing_written(acme: Or
     assert REGISTRY.get_sample_value("gantry_fast_lane_requests_total", handed) == was + 1
     assert Runner.objects.values_list("last_seen_at", flat=True).get(id=won.runner_id) == before
     # ...and the same call, the database answering again, is served.
-    answer = fastlane.serve(fastlane.STATUS, call_)
+    answer = lane.serve(lane.STATUS, call_)
     assert answer is not None
     assert (answer[0], json.loads(answer[2])) == (200, {"status": "assigned", "cancel_requested": False})
 
@@ -332,33 +357,33 @@ def test_a_thread_keeps_its_connection_between_served_calls_and_returns_it_other
     group = linux(acme)
     won = claim(group=group)
     assert won is not None
-    status = fastlane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
-    wrong_run = fastlane.Call(ids={"run_id": uuid.uuid4()}, token=won.runner_token, query=b"")
-    monkeypatch.setattr(fastlane, "STICKY_SECONDS", 5.0)
+    status = lane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
+    wrong_run = lane.Call(ids={"run_id": uuid.uuid4()}, token=won.runner_token, query=b"")
+    monkeypatch.setattr(lane, "STICKY_SECONDS", 5.0)
 
-    answer = fastlane.serve(fastlane.STATUS, status)
+    answer = lane.serve(lane.STATUS, status)
     assert answer is not None
     assert answer[0] == 200
     kept = connection.connection
     assert kept is not None  # not handed back after a served call
-    answer = fastlane.serve(fastlane.STATUS, status)
+    answer = lane.serve(lane.STATUS, status)
     assert answer is not None
     assert answer[0] == 200
     assert connection.connection is kept  # the next hot call on the thread reuses it
 
-    assert fastlane.serve(fastlane.STATUS, wrong_run) is None  # handed to Django: returned at once
+    assert lane.serve(lane.STATUS, wrong_run) is None  # handed to Django: returned at once
     assert connection.connection is None
 
-    assert fastlane.serve(fastlane.STATUS, status) is not None
+    assert lane.serve(lane.STATUS, status) is not None
     assert connection.connection is not None
-    monkeypatch.setattr(fastlane, "STICKY_SECONDS", 0.0)  # off (or past its time): returned after the call
-    assert fastlane.serve(fastlane.STATUS, status) is not None
+    monkeypatch.setattr(lane, "STICKY_SECONDS", 0.0)  # off (or past its time): returned after the call
+    assert lane.serve(lane.STATUS, status) is not None
     assert connection.connection is None
 
     # The poll's threads keep nothing between attempts, a claim won or not.
-    monkeypatch.setattr(fastlane, "STICKY_SECONDS", 5.0)
-    poll = fastlane.Call(ids={}, token=group_token(group), query=b"wait=0", deferred=asyncpoll.Deferred())
-    answer = fastlane.serve(fastlane.POLL, poll)
+    monkeypatch.setattr(lane, "STICKY_SECONDS", 5.0)
+    poll = lane.Call(ids={}, token=group_token(group), query=b"wait=0", deferred=asyncpoll.Deferred())
+    answer = lane.serve(lane.POLL, poll)
     assert answer is not None
     assert answer[0] == 204
     assert connection.connection is None
@@ -367,13 +392,13 @@ def test_a_thread_keeps_its_connection_between_served_calls_and_returns_it_other
 def test_connections_stay_with_threads_only_when_the_pool_has_one_for_each(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.conf import settings
 
-    monkeypatch.setattr(fastlane, "STICKY_SECONDS", fastlane.STICKY_SECONDS)  # restored after the test
+    monkeypatch.setattr(lane, "STICKY_SECONDS", lane.STICKY_SECONDS)  # restored after the test
     pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
     if isinstance(pool, dict):
-        assert fastlane.allow_sticky_connections(pool["max_size"]) is True
-        assert fastlane.STICKY_SECONDS > 0
-    assert fastlane.allow_sticky_connections(10**6) is False
-    assert fastlane.STICKY_SECONDS == 0
+        assert lane.allow_sticky_connections(pool["max_size"]) is True
+        assert lane.STICKY_SECONDS > 0
+    assert lane.allow_sticky_connections(10**6) is False
+    assert lane.STICKY_SECONDS == 0
 
 
 def test_done_through_the_lane_drops_the_live_record_within_the_sweep(server: Server, acme: Organization) -> None:
@@ -432,12 +457,12 @@ def test_a_refused_org_token_reaches_django_and_its_claim_is_undone(server: Serv
         org_token(actions),  # 403 backend_dispatched_group
     ]
     for token in cases:
-        was = served(server, "poll", fastlane.DJANGO)
+        was = served(server, "poll", lane.DJANGO)
         got = call(server, "GET", POLL + "?wait=0", token)
         want = django("GET", POLL + "?wait=0", token)
         assert got[0] == want[0] in (401, 403), got
         assert got[2] == want[2]
-        assert served(server, "poll", fastlane.DJANGO) == was + 1
+        assert served(server, "poll", lane.DJANGO) == was + 1
     assert not Runner.objects.exists()  # no stub survived
     assert not Run.objects.filter(status=RunStatus.ASSIGNED).exists()
     assert dict(RunnerGroup.objects.values_list("id", "last_polled_at")) == stamps  # no poll stamped

@@ -1,4 +1,4 @@
-"""The fast lane's one-statement calls on the event loop (gantry.api.lanedb, GANTRY_FAST_LANE_LOOP).
+"""The fast lane's one-statement calls on the event loop (gantry.server.lanedb, GANTRY_FAST_LANE_LOOP).
 
 Under gantry.asgi, status, ready, accept, done and deregister run their plans
 (gantry.sql.statement) on asyncio connections of the loop's own pool instead
@@ -12,6 +12,7 @@ dropped is replaced before a call uses it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import uuid
@@ -23,9 +24,10 @@ import pytest
 from django.db import connection
 from prometheus_client import REGISTRY
 
-from gantry.api import fastlane, lanedb
+from gantry import conf
 from gantry.core.models import Organization, Run, Runner, RunStatus
 from gantry.dispatch.claim import Claim, claim
+from gantry.server import lane, lanedb
 from gantry.sql import runners as runner_sql
 from tests.asgi.server import asgi_server
 from tests.asgi.test_fast_lane import call, group_token, lifecycle, linux, served, shape
@@ -70,9 +72,9 @@ def test_the_loop_and_the_threads_answer_every_hot_call_alike(acme: Organization
     replies = {}
     for on_loop in ("true", "false"):
         with asgi_server(tmp_path, GANTRY_FAST_LANE_LOOP=on_loop) as server:
-            before = {route.name: served(server, route.name) for route in fastlane.ROUTES}
+            before = {route.name: served(server, route.name) for route in lane.ROUTES}
             replies[on_loop] = lifecycle(lambda *a, s=server: call(s, *a), group_token(group))
-            after = {route.name: served(server, route.name) for route in fastlane.ROUTES}
+            after = {route.name: served(server, route.name) for route in lane.ROUTES}
             assert {n: after[n] - before[n] for n in after} == dict.fromkeys(after, 1.0), on_loop
     for (name, status, headers, got), (_, want_status, want_headers, want) in zip(
         replies["true"], replies["false"], strict=True
@@ -92,19 +94,19 @@ def test_a_lifecycle_on_the_loop_writes_what_the_orm_reads(acme: Organization) -
     assert won is not None
     run, runner, tok = won.run_id, won.runner_id, won.runner_token
 
-    def lane(route: fastlane.Route, ids: dict[str, uuid.UUID], raw: bytes = b"") -> Callable[[], Awaitable[Any]]:
-        return lambda: fastlane.aserve(route, fastlane.Call(ids=ids, token=tok, query=b"", body=raw))
+    def through_lane(route: lane.Route, ids: dict[str, uuid.UUID], raw: bytes = b"") -> Callable[[], Awaitable[Any]]:
+        return lambda: lane.aserve(route, lane.Call(ids=ids, token=tok, query=b"", body=raw))
 
     async def steps() -> list[Any]:
         out = []
         for route, ids, raw in [
-            (fastlane.READY, {"runner_id": runner}, body(READY)),
-            (fastlane.ACCEPT, {"run_id": run}, b""),
-            (fastlane.STATUS, {"run_id": run}, b""),
-            (fastlane.DONE, {"run_id": run}, body(DONE)),
-            (fastlane.DEREGISTER, {"runner_id": runner}, b""),
+            (lane.READY, {"runner_id": runner}, body(READY)),
+            (lane.ACCEPT, {"run_id": run}, b""),
+            (lane.STATUS, {"run_id": run}, b""),
+            (lane.DONE, {"run_id": run}, body(DONE)),
+            (lane.DEREGISTER, {"runner_id": runner}, b""),
         ]:
-            out.append(await lane(route, ids, raw)())
+            out.append(await through_lane(route, ids, raw)())
         return out
 
     answers = on_a_loop(steps)
@@ -123,25 +125,26 @@ def test_a_call_the_plan_refuses_on_the_loop_goes_to_django_having_written_nothi
     deploy(make_stack(acme, "web", {"os": "linux"}))
     won = claim(group=linux(acme))
     assert won is not None
-    handed = {"route": "accept", "outcome": fastlane.DJANGO}
+    handed = {"route": "accept", "outcome": lane.DJANGO}
     was = REGISTRY.get_sample_value("gantry_fast_lane_requests_total", handed) or 0.0
     # Not ready yet is fine for accept; another run's id in the path is not.
-    wrong = fastlane.Call(ids={"run_id": uuid.uuid4()}, token=won.runner_token, query=b"")
-    forged = fastlane.Call(ids={"run_id": won.run_id}, token=won.runner_token + "x", query=b"")
-    assert on_a_loop(lambda: fastlane.aserve(fastlane.ACCEPT, wrong)) is None
-    assert on_a_loop(lambda: fastlane.aserve(fastlane.ACCEPT, forged)) is None
+    wrong = lane.Call(ids={"run_id": uuid.uuid4()}, token=won.runner_token, query=b"")
+    forged = lane.Call(ids={"run_id": won.run_id}, token=won.runner_token + "x", query=b"")
+    assert on_a_loop(lambda: lane.aserve(lane.ACCEPT, wrong)) is None
+    assert on_a_loop(lambda: lane.aserve(lane.ACCEPT, forged)) is None
     assert REGISTRY.get_sample_value("gantry_fast_lane_requests_total", handed) == was + 2
     assert Run.objects.get(id=won.run_id).status == RunStatus.ASSIGNED
 
 
-def one_pool_connection_and_a_claim(acme: Organization, monkeypatch: pytest.MonkeyPatch) -> tuple[Claim, fastlane.Call]:
+def one_pool_connection_and_a_claim(acme: Organization, monkeypatch: pytest.MonkeyPatch) -> tuple[Claim, lane.Call]:
     """One connection in the loop's pool (so the session a test acts on is the one the next call gets), and the
     runner's /status call for a claimed run."""
-    monkeypatch.setenv("GANTRY_LANE_DB_POOL_MAX", "1")
+    server = dataclasses.replace(conf.server(), lane_db_pool_max=1)  # GANTRY_LANE_DB_POOL_MAX=1
+    monkeypatch.setattr(conf, "server", lambda: server)
     deploy(make_stack(acme, "web", {"os": "linux"}))
     won = claim(group=linux(acme))
     assert won is not None
-    return won, fastlane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
+    return won, lane.Call(ids={"run_id": won.run_id}, token=won.runner_token, query=b"")
 
 
 def test_a_database_error_on_the_loop_hands_the_call_to_django_with_nothing_written(
@@ -150,7 +153,7 @@ def test_a_database_error_on_the_loop_hands_the_call_to_django_with_nothing_writ
     won, status = one_pool_connection_and_a_claim(acme, monkeypatch)
     before = Runner.objects.values_list("last_seen_at", flat=True).get(id=won.runner_id)
     params = other_session()
-    handed = {"route": "status", "outcome": fastlane.DJANGO}
+    handed = {"route": "status", "outcome": lane.DJANGO}
     was = REGISTRY.get_sample_value("gantry_fast_lane_requests_total", handed) or 0.0
     seen = "SELECT last_seen_at FROM runner WHERE id = %s"
 
@@ -160,11 +163,11 @@ def test_a_database_error_on_the_loop_hands_the_call_to_django_with_nothing_writ
         with psycopg.connect(**params) as other:
             other.execute("LOCK TABLE runner IN ACCESS EXCLUSIVE MODE")
             try:
-                refused = await fastlane.aserve(fastlane.STATUS, status)
+                refused = await lane.aserve(lane.STATUS, status)
             finally:
                 other.rollback()
             stamp = other.execute(seen, [won.runner_id]).fetchone()
-        return refused, stamp, await fastlane.aserve(fastlane.STATUS, status)
+        return refused, stamp, await lane.aserve(lane.STATUS, status)
 
     refused, stamp, again = on_a_loop(work)
     assert refused is None
@@ -182,7 +185,7 @@ def test_a_connection_the_server_dropped_is_replaced_before_a_call_uses_it(
     params = other_session()
 
     async def work() -> tuple[Any, int, int]:
-        first = await fastlane.aserve(fastlane.STATUS, status)
+        first = await lane.aserve(lane.STATUS, status)
         assert first is not None
         assert first[0] == 200
         async with lanedb.connection() as conn:
@@ -195,7 +198,7 @@ def test_a_connection_the_server_dropped_is_replaced_before_a_call_uses_it(
                 if gone == (0,):
                     break
                 await asyncio.sleep(0.02)
-        answer = await fastlane.aserve(fastlane.STATUS, status)
+        answer = await lane.aserve(lane.STATUS, status)
         async with lanedb.connection() as conn:
             now_pid = conn.info.backend_pid
         return answer, dropped, now_pid
@@ -212,12 +215,12 @@ def test_a_call_on_the_loop_is_one_message_and_a_healthy_connection_leaves_the_p
     _, status = one_pool_connection_and_a_claim(acme, monkeypatch)
 
     async def work() -> tuple[Any, list[tuple[str, str]]]:
-        warm = await fastlane.aserve(fastlane.STATUS, status)  # prepares the statement on the session
+        warm = await lane.aserve(lane.STATUS, status)  # prepares the statement on the session
         assert warm is not None
         async with lanedb.connection() as conn:
             pgconn = conn.pgconn
         with wire(pgconn) as sent:
-            answer = await fastlane.aserve(fastlane.STATUS, status)
+            answer = await lane.aserve(lane.STATUS, status)
         return answer, sent
 
     answer, sent = on_a_loop(work)

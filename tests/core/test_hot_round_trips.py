@@ -99,8 +99,7 @@ def test_it_finishes_a_run_in_one_round_trip(acme: Organization) -> None:
 
 
 def test_a_poll_whose_token_names_its_org_reads_the_group_in_the_claims_message(acme: Organization) -> None:
-    from gantry.api import fastlane
-    from gantry.dispatch import asyncpoll
+    from gantry.server import asyncpoll, lane
 
     group = make_group(acme, "linux", {"os": "linux"})
     token = tokens.mint_group_token(
@@ -109,9 +108,9 @@ def test_a_poll_whose_token_names_its_org_reads_the_group_in_the_claims_message(
     for name in ("warm", "b", "c"):
         deploy(make_stack(acme, name, {"os": "linux"}))
 
-    def poll() -> fastlane.Answer | None:
-        call = fastlane.Call(ids={}, token=token, query=b"wait=0", deferred=asyncpoll.Deferred())
-        return fastlane._poll(call)
+    def poll() -> lane.Answer | None:
+        call = lane.Call(ids={}, token=token, query=b"wait=0", deferred=asyncpoll.Deferred())
+        return lane._poll(call)
 
     warm = poll()  # prepares the statements on this session
     assert warm is not None

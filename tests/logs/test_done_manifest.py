@@ -21,6 +21,7 @@ def test_it_keeps_the_manifest_and_deletes_the_live_record(executing: Executing)
     assert run.status == RunStatus.SUCCEEDED
     assert run.log_manifest == {"count": 2, "sha256": hashes}
     assert run.sealed_chunks == 2
+    live.flush_deletes()  # /done queues the record's delete; the sweep sends it within a second
     assert live.get(executing.run.id) is None
 
 

@@ -1,4 +1,4 @@
-"""The fast lane's own database connections, used on the event loop under gantry.asgi (docs/performance.md).
+"""The fast lane's own database connections, used on the event loop under gantry.asgi (docs/decisions.md, 17).
 
 The lane's hot calls (status, ready, accept, done, deregister) are one round
 trip each. Run on a request thread, each also paid the hand-off from the event
@@ -11,11 +11,11 @@ client's bytes.
 
 The pool is psycopg's (psycopg_pool.AsyncConnectionPool), one per event loop
 (a gunicorn worker has one), ``GANTRY_LANE_DB_POOL_MAX`` connections at most
-(default 8), beside Django's pool. Its connections are Django's: the same
-parameters (database, user, adapters, so rows load as the ORM's would) and
-the session time zone Django sets, in autocommit. A connection is checked as
-it leaves the pool the way gantry.core.pool_check checks Django's: a round
-trip only when its socket has something to read (a dropped one has).
+(gantry.conf.server()), beside Django's pool. Its connections are Django's:
+the same parameters (database, user, adapters, so rows load as the ORM's
+would) and the session time zone Django sets, in autocommit. A connection is
+checked as it leaves the pool the way gantry.core.pool_check checks Django's:
+a round trip only when its socket has something to read (a dropped one has).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from gantry import conf
 from gantry.core import pool_check
-from gantry.env import envint
 
 # This loop's open pool (the fast path), and the task opening it (the first calls wait for it).
 _ready: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
@@ -40,7 +40,7 @@ _opening: dict[asyncio.AbstractEventLoop, asyncio.Task[AsyncConnectionPool[Any]]
 
 def max_size() -> int:
     """Connections per event loop at most (``GANTRY_LANE_DB_POOL_MAX``)."""
-    return envint("GANTRY_LANE_DB_POOL_MAX", 8, minimum=1)
+    return conf.server().lane_db_pool_max
 
 
 def _params() -> dict[str, Any]:

@@ -1,16 +1,19 @@
 """Parked long polls on an event loop: no thread and no database connection while parked.
 
-Under the ASGI server (``gantry.asgi``) a poll runs in three steps:
+Under the production server (gantry.server.asgi) a poll runs in three steps:
 
-1. The ordinary Django view (``PollView``), called in a thread of a small
-   pool, authenticates, validates and tries the claim once, exactly as under
-   WSGI. When it finds nothing and ``wait`` allows, it does not wait: it leaves
-   a :class:`Deferred` in the request's environ (the group, the org, the wait)
-   and answers its 204, which the event loop keeps for the deadline.
+1. Its first attempt runs in a thread of a small pool: the fast lane's
+   (gantry.server.lane) for a plain request, else the ordinary Django view
+   (``PollView``), each authenticating, validating and trying the claim once,
+   exactly as under WSGI. When it finds nothing and ``wait`` allows, it does
+   not wait: it records a :class:`Deferred` (the group, the org, the wait;
+   the view finds it in the request's environ) and answers its 204, which
+   the event loop keeps for the deadline.
 2. The event loop parks the poll in the :class:`Hub`: a future in a per-org
    FIFO, holding no thread and no database connection.
-3. A wake re-runs the view in the pool, one claim attempt; its answer is sent
-   (a run won, or a throttle's 204), or the poll parks again where it was.
+3. A wake makes one claim attempt for the group the first attempt
+   authenticated, in a thread of its own; its answer is sent (a run won, or a
+   throttle's 204), or the poll parks again where it was.
 
 Who is woken (the issue's "as many as new runs can satisfy, not all"): a
 ``gantry_claimable`` NOTIFY (payload: the org id; the triggers of migration
@@ -27,7 +30,7 @@ is kept as a *credit* for a few seconds: an attempt that began before it and
 found nothing uses it to try once more instead of parking past the run.
 
 A lost NOTIFY (the listener reconnecting; the listener then asks for a sweep at
-once) is bounded by the sweep: every ``RECHECK_SECONDS`` (jittered) the same
+once) is bounded by the sweep: every 5 s (jittered; GANTRY_POLL_RECHECK_SECONDS) the same
 query runs over every group with parked polls and wakes only where a claim can
 win. A sweep with nothing claimable costs one query per process, no claim.
 
@@ -41,7 +44,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import random
 import threading
 import time
@@ -53,16 +55,14 @@ from typing import Any
 from django.db import connection
 from prometheus_client import Counter, Gauge
 
-from gantry import metrics
+from gantry import conf, metrics
 from gantry.dispatch import longpoll
 
 log = logging.getLogger("gantry.asyncpoll")
 
-# The environ key PollView looks for (set by gantry.asgi on the poll route only).
+# The environ key PollView looks for (set by gantry.server.asgi on the poll route only).
 ENVIRON_KEY = "gantry.poll.deferred"
 
-# Upper bound on how late a lost notification can make a parked poll (plus jitter).
-RECHECK_SECONDS = float(os.environ.get("GANTRY_POLL_RECHECK_SECONDS") or 5.0)
 # How long a NOTIFY nobody was idle to take stays usable by an attempt that overlapped it.
 CREDIT_SECONDS = 5.0
 # A follower process (not the leader, gantry.dispatch.longpoll.LEADER_LOCK) looks
@@ -85,7 +85,7 @@ PARKED = Gauge("gantry_poll_parked", "Long polls parked on this process's event 
 
 @dataclass
 class Deferred:
-    """What the view leaves for the event loop: set by the view, read by gantry.asgi."""
+    """What the first attempt leaves for the event loop: set by the lane or the view, read by gantry.server.asgi."""
 
     retry: bool = False  # a wake: one attempt, never park
     group: Any = None  # the authenticated group (a wake claims for it without a second pass)
@@ -95,7 +95,7 @@ class Deferred:
     empty: bool = False  # the attempt found nothing and the poll may park
 
     def attempt(self, *, group: Any, wait: float, claim: Callable[[], Any]) -> Any:
-        """One claim attempt (the view's); on nothing, mark the poll parkable instead of waiting."""
+        """One claim attempt (the lane's or the view's); on nothing, mark the poll parkable instead of waiting."""
         count_attempt(WAKE if self.retry else FIRST)
         result = claim()
         if result is None and wait > 0 and not longpoll.shutting_down():
@@ -200,7 +200,7 @@ class Hub:
         self._leader = leader
         # forward(org) -> awaitable: NOTIFY FOLLOW_CHANNEL, for the other processes' waiters.
         self._forward = forward
-        # check(group_ids) -> awaitable of claimable_counts(...): in the pool (gantry.asgi supplies it).
+        # check(group_ids) -> awaitable of claimable_counts(...): in the pool (gantry.server.asgi supplies it).
         self._check = check
         self._orgs: dict[int, dict[int, Waiter]] = {}  # org -> {seq: waiter}, in park order (FIFO)
         self._credits: dict[int, deque[float]] = {}  # org -> monotonic times of NOTIFYs nobody took
@@ -363,7 +363,9 @@ class Hub:
 
     async def _sweeper(self) -> None:
         while not self._closed and self._orgs:
-            await asyncio.sleep(RECHECK_SECONDS * random.uniform(0.8, 1.2))
+            # The bound on how late a lost notification can make a parked poll (plus
+            # jitter): GANTRY_POLL_RECHECK_SECONDS, a diagnostic (docs/configuration.md).
+            await asyncio.sleep(conf.server().poll_recheck_seconds * random.uniform(0.8, 1.2))
             await self._sweep_once()
 
     async def flusher(self, flush: Callable[[], Any], seconds: float = 1.0) -> None:

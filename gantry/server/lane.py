@@ -1,66 +1,72 @@
-"""The runner protocol's hot calls answered straight from the ASGI scope, under gantry.asgi (docs/performance.md).
+"""The runner protocol's hot calls answered straight from the ASGI scope, under gantry.asgi (docs/operations.md).
 
-Under the production server mode every runner call crossed a2wsgi, ten
-middlewares, the URL resolver and DRF's dispatch before it reached a statement
-that PostgreSQL runs in a fraction of that time: about 3 ms of Python per call
-against 0.75 ms for a bare ``/healthz``. For the calls a well-behaved runner
-and coordinator make (status, ready, accept, done, deregister, the live-log
-push, and the poll's first attempt) this lane does only what the call needs:
-verify the token (a cached check), hold the path to the token's run binding,
-run the route's one statement with the token's group folded in (no separate
+Through Django, every runner call crosses a2wsgi, the middleware, the URL
+resolver and DRF's dispatch (request wrapping, negotiation, authentication,
+serializer binding) before it reaches one statement, and that Python costs
+more than the statement. For the calls a well-behaved runner and coordinator
+make (status, ready, accept, done, deregister, the live-log push, and the
+poll's first attempt) this lane does only what the call needs: verify the
+token (a cached check), hold the path to the token's run binding, run the
+route's one statement with the token's group folded in (no separate
 authentication read), and answer the bytes the Django view answers, headers
 included.
 
 It answers only calls that succeed. Anything else (a header it does not
-expect, a body outside gantry.api.fastbody's plain shapes, a token that does
-not verify, a guard that fails, a database error) goes to the Django
-application unchanged: this module returns None before anything was written
-or after a statement that changed nothing, so every refusal, its code and its
-wording stay the views'. After a write has committed it never hands over (a
-second attempt would see its own effect): an unexpected error there answers
-500 as Django would.
+expect, a body the one strict JSON parser refuses (gantry.api.parsers) or
+outside the serializers' plain shapes (their ``fast_validate``), a token
+that does not verify, a guard that fails, a database error) goes to the
+Django application unchanged: this module returns None before anything was
+written or after a statement that changed nothing, so every refusal, its
+code and its wording stay the views'. After a write has committed it never
+hands over (a second attempt would see its own effect): an unexpected error
+there answers 500 as Django would.
 
-The lane reproduces the effect of exactly :data:`KNOWN_MIDDLEWARE` on these
-answers (security headers, host check, the request metric). With another
-middleware list, or ``GANTRY_FAST_LANE=false``, it is off and Django answers
-every call. ``gantry.wsgi`` and ``runserver`` never use it.
+What it must agree with Django on is derived from Django at start-up
+(gantry.server.facts): each route's path from the URL pattern of its view,
+the headers and the request metric the configured middleware adds to each of
+its answers (found by running the middleware over a canned answer), the host
+check (HttpRequest.get_host), the bearer header (gantry.api.auth), the
+``Allow`` header (the view's methods). A route whose facts cannot be derived
+exactly is off, with the reason logged at start; ``GANTRY_FAST_LANE=false``
+turns the whole lane off. ``gantry.wsgi`` and ``runserver`` never use it.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
-from django.http.request import split_domain_port, validate_host
-from django.urls import resolve
-from django.urls.converters import UUIDConverter
+from django.http import HttpRequest
 from django.utils import timezone
 from prometheus_client import Counter
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import APIException, AuthenticationFailed
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from gantry.api import fastbody, lanedb, runner_views
-from gantry.api.auth import group_check, group_of_row, runner_claims, token_group
+from gantry import conf
+from gantry.api import runner_views
+from gantry.api.auth import bearer_token, group_check, group_of_row, runner_claims, token_group
+from gantry.api.parsers import strict_json
+from gantry.api.runner_views import ClaimSerializer, DoneSerializer, ReadySerializer, RunStatusSerializer
 from gantry.core import services, tokens
 from gantry.core.errors import GantryError
 from gantry.core.models import GroupKind, RunnerStatus
-from gantry.dispatch import asyncpoll
 from gantry.dispatch import claim as dispatch
-from gantry.env import envbool
 from gantry.logs import live as live_logs
 from gantry.logs import services as log_services
 from gantry.logs import views as log_views
+from gantry.logs.views import LivePushSerializer
+from gantry.server import asyncpoll, facts, lanedb
 from gantry.sql import statement as prepared
 from gantry.web.http_metrics import REQUEST_SECONDS
 
@@ -68,21 +74,6 @@ log = logging.getLogger("gantry.api")
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
-# The middleware whose effect on a runner call's answer this lane reproduces
-# (below: _security_headers, _host_ok, the REQUEST_SECONDS observation). A
-# change to settings.MIDDLEWARE turns the lane off until it is checked here.
-KNOWN_MIDDLEWARE = (
-    "gantry.web.http_metrics.HttpMetricsMiddleware",
-    "gantry.web.middleware.BodyLimitMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-)
 # Bodies the lane reads itself (ready's and done's are a few hundred bytes;
 # a live-log push carries up to a chunk's gzip in base64, under Django's own
 # body limit); a larger one, or one without a Content-Length, is Django's.
@@ -95,38 +86,10 @@ CALLS = Counter(
 )
 SERVED, DJANGO = "served", "django"
 
-_UUID = UUIDConverter.regex
 _ACCEPTED = frozenset({b"*/*", b"application/json"})  # FastContentNegotiation's own shortcut
 _JSON = b"application/json"
-
-
-def _disabled_reason() -> str | None:
-    if not envbool("GANTRY_FAST_LANE", True):
-        return "GANTRY_FAST_LANE is false"
-    if tuple(settings.MIDDLEWARE) != KNOWN_MIDDLEWARE:
-        return "settings.MIDDLEWARE differs from the list the lane reproduces (gantry/api/fastlane.py)"
-    if settings.SECURE_SSL_REDIRECT or settings.SECURE_HSTS_SECONDS or settings.DISALLOWED_USER_AGENTS:
-        return "SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS or DISALLOWED_USER_AGENTS is set (not reproduced here)"
-    if settings.PREPEND_WWW or settings.APPEND_SLASH:
-        return "PREPEND_WWW or APPEND_SLASH is set (CommonMiddleware would redirect)"
-    if settings.USE_X_FORWARDED_HOST or settings.USE_X_FORWARDED_PORT:
-        return "USE_X_FORWARDED_HOST or USE_X_FORWARDED_PORT is set (the host check reads the Host header alone)"
-    return None
-
-
-def _security_headers() -> list[tuple[bytes, bytes]]:
-    """What XFrameOptionsMiddleware, CommonMiddleware (the length, added by the caller) and SecurityMiddleware add."""
-    out = [(b"x-frame-options", str(settings.X_FRAME_OPTIONS).upper().encode())]
-    tail = []
-    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
-        tail.append((b"x-content-type-options", b"nosniff"))
-    policy = settings.SECURE_REFERRER_POLICY
-    if policy:
-        value = policy if isinstance(policy, str) else ",".join(policy)
-        tail.append((b"referrer-policy", value.encode()))
-    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
-        tail.append((b"cross-origin-opener-policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY.encode()))
-    return [*out, (b"content-length", b""), *tail]  # the empty length is filled per answer
+# A value of the routes' ids, for the path each route's probe requests.
+_SAMPLE_ID = uuid.UUID(int=0)
 
 
 # ---------------------------------------------------------------- requests
@@ -140,19 +103,23 @@ class Call:
     token: str
     query: bytes
     body: bytes = b""
-    deferred: asyncpoll.Deferred | None = None  # the poll's: what gantry.asgi reads to park it
+    deferred: asyncpoll.Deferred | None = None  # the poll's: what gantry.server.asgi reads to park it
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Route:
+    """One hot call: what the lane does for it (written here) and what Django says about it (derived)."""
+
     name: str
     method: str
-    path: re.Pattern[str]
     view: type[APIView]
     # The call's answer or None (Django's); a plan route's handler is a plan
     # (gantry.core.prepared) of that, run on the event loop under gantry.asgi
-    # (:func:`aserve`) or on the request thread (:func:`serve`).
+    # (:func:`aserve`) or on a request thread (:func:`serve`).
     handler: Callable[[Call], Any]
+    # The answers the handler gives when it serves: (status, with a JSON body).
+    answers: tuple[tuple[int, bool], ...]
+    ids: tuple[str, ...] = ()  # the path parameters the handler reads
     body: bool = False
     plan: bool = False
     query: bool = False  # the poll's ?wait=
@@ -161,20 +128,47 @@ class Route:
     # poll's: its threads hold none while polls are parked).
     sticky: bool = True
 
+    # Derived from Django by derive(): the path, and each answer's headers.
+    binding: facts.Binding | None = field(default=None, repr=False)
+    off: str | None = None  # why the lane leaves this route to Django
+    shapes: dict[tuple[int, bool], facts.Shape] = field(default_factory=dict, repr=False)
+
     def answer(self, status: int, body: bytes | None = None) -> Answer:
-        """The view's answer: its content type, DRF's Allow, then the middleware's headers."""
-        headers = [(b"content-type", _JSON)] if body is not None else []
-        headers.append((b"allow", _allow[self.name]))
-        for name, value in _headers:
-            headers.append((name, str(len(body or b"")).encode()) if name == b"content-length" else (name, value))
-        return status, headers, body or b""
+        """The view's answer as the middleware leaves it: its headers, the length filled in."""
+        shape = self.shapes[(status, body is not None)]
+        return status, shape.headers(body or b""), body or b""
+
+
+def derive(route: Route, *, probe: bool = True) -> Route:
+    """Fill in ``route``'s facts from Django (gantry.server.facts), or say in ``route.off`` why it is off.
+
+    The path is bound even when the route is not probed (``probe=False``, the
+    lane off): gantry.server.asgi finds the poll by it.
+    """
+    route.binding, route.shapes, route.off = None, {}, None
+    try:
+        route.binding = facts.bind(route.view, route.ids, _SAMPLE_ID)
+        if not probe:
+            route.off = "GANTRY_FAST_LANE is false"
+            return route
+        if not callable(getattr(route.view, route.method.lower(), None)):
+            raise facts.Off(f"{route.view.__name__} does not answer {route.method}")
+        view = route.view()
+        view.setup(HttpRequest())  # as as_view() does per request: a GET view answers HEAD too
+        allow = ", ".join(view.allowed_methods).encode()
+        route.shapes = facts.shapes(route.binding, method=route.method, allow=allow,
+                                    answers=(*route.answers, _FAILED), body=route.body)  # fmt: skip
+    except facts.Off as exc:
+        route.off = str(exc)
+    return route
 
 
 def admit(route: Route, scope: dict[str, Any]) -> Call | None:
     """The call's parts when its request is one this lane answers as Django would; None: Django's."""
     if scope.get("root_path") or (scope.get("query_string") and not route.query):
         return None
-    ids = route.path.fullmatch(scope["path"])
+    assert route.binding is not None  # route_for hands out only routes that are on
+    ids = route.binding.ids(scope["path"])
     if ids is None:
         return None
     seen: dict[bytes, bytes] = {}
@@ -183,42 +177,28 @@ def admit(route: Route, scope: dict[str, Any]) -> Call | None:
             if name in seen:
                 return None  # a repeated one: Django would see them joined
             seen[name] = value
-    if not _host_ok(seen.get(b"host")) or seen.get(b"accept", b"*/*") not in _ACCEPTED:
+    if not _host_ok(seen.get(b"host"), seen.get(b"x-forwarded-host")):
         return None
-    if b"transfer-encoding" in seen:
+    if seen.get(b"accept", b"*/*") not in _ACCEPTED or b"transfer-encoding" in seen:
         return None
     length = seen.get(b"content-length", b"0")
     if not length.isdigit() or int(length) > (route.max_body if route.body else 0):
         return None
     if route.body and (int(length) == 0 or seen.get(b"content-type") != _JSON):
         return None
-    auth = seen.get(b"authorization", b"").split()
-    if len(auth) != 2 or auth[0].lower() != b"bearer" or not auth[1].isascii():
+    try:
+        token = bearer_token(seen.get(b"authorization", b""))
+    except AuthenticationFailed:
         return None
-    return Call(ids={k: uuid.UUID(v) for k, v in ids.groupdict().items()}, token=auth[1].decode(),
-                query=scope.get("query_string", b""))  # fmt: skip
+    if token is None:
+        return None
+    return Call(ids=ids, token=token, query=scope.get("query_string", b""))
 
 
 _READ_HEADERS = frozenset(
-    {b"host", b"accept", b"authorization", b"content-length", b"content-type", b"transfer-encoding"}
-)
-_hosts: dict[bytes, bool] = {}
-
-
-def _host_ok(host: bytes | None) -> bool:
-    """Django's ALLOWED_HOSTS check (HttpRequest.get_host), remembered per Host value."""
-    if host is None:
-        return False
-    ok = _hosts.get(host)
-    if ok is None:
-        allowed = settings.ALLOWED_HOSTS
-        if settings.DEBUG and not allowed:
-            allowed = [".localhost", "127.0.0.1", "[::1]"]
-        domain, _ = split_domain_port(host.decode("latin-1"))
-        ok = bool(domain) and validate_host(domain, allowed)
-        if len(_hosts) < 64:
-            _hosts[host] = ok
-    return ok
+    {b"host", b"x-forwarded-host", b"accept", b"authorization", b"content-length", b"content-type",
+     b"transfer-encoding"}
+)  # fmt: skip
 
 
 # Raised before the route's write, or by its statement (rolled back): nothing
@@ -259,6 +239,10 @@ async def aserve(route: Route, call: Call) -> Answer | None:
     return _settled(route, answer, started)
 
 
+_FAILED = (500, True)
+_SERVER_ERROR = {"code": "server_error", "detail": "internal error; see the server log"}
+
+
 def _failed(route: Route) -> Answer:
     # After a committed write a second attempt would see its own effect:
     # answer as Django's handler500 does, with the traceback in the log.
@@ -271,11 +255,14 @@ def _settled(route: Route, answer: Answer | None, started: float) -> Answer | No
         _counted(route.name, DJANGO).inc()
         return None
     _counted(route.name, SERVED).inc()
-    _timed(route, answer[0]).observe(time.perf_counter() - started)
+    timer = _timed(route, answer[0], answer[2] != b"")  # a JSON answer's body is never empty
+    if timer is not None:
+        timer.observe(time.perf_counter() - started)
     return answer
 
 
-# The metrics' labelled children, looked up once (labels() per call was 1% of the lane).
+# The metrics' labelled children, looked up once: labels() per call would
+# rebuild the label tuple and take the metric's lock on every answer.
 _children: dict[tuple[str, str], Any] = {}
 _timers: dict[tuple[str, int], Any] = {}
 
@@ -287,19 +274,18 @@ def _counted(route: str, outcome: str) -> Any:
     return child
 
 
-def _timed(route: Route, status: int) -> Any:
-    child = _timers.get((route.name, status))
-    if child is None:
-        child = REQUEST_SECONDS.labels(route=_labels[route.name], method=route.method, status=str(status))
-        _timers[(route.name, status)] = child
-    return child
+def _timed(route: Route, status: int, is_json: bool) -> Any:
+    """The request metric's series the middleware records for this answer (the probe's), or None: none."""
+    key = (route.name, status)
+    if key not in _timers:
+        shape = route.shapes.get((status, is_json))
+        _timers[key] = REQUEST_SECONDS.labels(*shape.timed) if shape is not None and shape.timed else None
+    return _timers[key]
 
-
-_SERVER_ERROR = {"code": "server_error", "detail": "internal error; see the server log"}
 
 # How long a request thread keeps its database connection between hot calls
 # (from its checkout), instead of returning it to the pool after each one; 0:
-# never (set by gantry.asgi through allow_sticky_connections).
+# never (set by gantry.server.asgi through allow_sticky_connections).
 STICKY_SECONDS = 0.0
 
 
@@ -326,16 +312,17 @@ def _release_connection(*, keep: bool) -> None:
     """After a call: keep the thread's connection for its next hot call, or hand it back as request_finished does.
 
     Django's pool hands a request a connection and takes it back at the end
-    (CONN_MAX_AGE 0): per hot call that checkout, its bookkeeping and the
-    return were 7% of the lifecycle's Python. A served call leaves the
-    connection idle in autocommit, so the thread keeps it for its next hot
-    call, up to :data:`STICKY_SECONDS` after it was checked out; then it goes
-    back (the pool's lifetime and health rules apply at the next checkout). A
-    call handed to Django, an error, or a transaction still open returns it at
-    once, and Django's own next request on the thread starts with
-    request_started's close_old_connections, which returns it too. A thread
-    holds at most one connection, so the pool's size still bounds them
-    (GANTRY_DB_POOL_MAX against GANTRY_SYNC_THREADS, docs/operations.md).
+    (CONN_MAX_AGE 0): per hot call a checkout (the pool's lock and health
+    check), Django's connection setup and a return, for a call that needs one
+    statement. A served call leaves the connection idle in autocommit, so the
+    thread keeps it for its next hot call, up to :data:`STICKY_SECONDS` after
+    it was checked out; then it goes back (the pool's lifetime and health
+    rules apply at the next checkout). A call handed to Django, an error, or a
+    transaction still open returns it at once, and Django's own next request
+    on the thread starts with request_started's close_old_connections, which
+    returns it too. A thread holds at most one connection, so the pool's size
+    still bounds them (GANTRY_DB_POOL_MAX against GANTRY_SYNC_THREADS,
+    docs/operations.md).
     """
     db = connections[DEFAULT_DB_ALIAS]
     conn = db.connection
@@ -364,14 +351,20 @@ def _runner_token(call: Call) -> tuple[uuid.UUID, uuid.UUID, int]:
     return runner_id, run_id, group_id
 
 
-def _json_body(call: Call, shape: Callable[[Any], dict[str, Any] | None]) -> dict[str, Any] | None:
+def _json_body(call: Call, fast_validate: Callable[[Any], dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The body's validated data for a plain body; None for anything else, which Django's parser and serializer
+    then judge (a refusal here is one there: the same strict_json)."""
     try:
-        return shape(json.loads(call.body.decode("utf-8")))
-    except ValueError:  # not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
+        data = strict_json(call.body)
+    except (GantryError, APIException):
         return None
+    return fast_validate(data)
 
 
 # ---------------------------------------------------------------- the routes
+#
+# Each route calls the state machine in one place (its ``services`` or
+# ``log_services`` call), with the token's group folded into the statement.
 
 
 def _status(call: Call) -> prepared.Plan[Answer | None]:
@@ -382,12 +375,12 @@ def _status(call: Call) -> prepared.Plan[Answer | None]:
                                                         bound=True, now=_now())  # fmt: skip
     if not found or run_status is None:
         return None  # wrote nothing: the runner or the run is gone
-    return STATUS.answer(200, JSONRenderer().render(runner_views.status_answer(run_status)))
+    return STATUS.answer(200, JSONRenderer().render(RunStatusSerializer.fast_represent(run_status)))
 
 
 def _ready(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, _, group_id = _runner_token(call)
-    data = _json_body(call, fastbody.ready)
+    data = _json_body(call, ReadySerializer.fast_validate)
     if call.ids["runner_id"] != runner_id or data is None:
         return None
     status = yield from services.ready_plan(runner_id=runner_id, group_id=group_id, metadata=data, now=_now())
@@ -409,7 +402,7 @@ def _accept(call: Call) -> prepared.Plan[Answer | None]:
 
 def _done(call: Call) -> prepared.Plan[Answer | None]:
     runner_id, run_id, group_id = _runner_token(call)
-    data = _json_body(call, fastbody.done)
+    data = _json_body(call, DoneSerializer.fast_validate)
     if call.ids["run_id"] != run_id or data is None:
         return None
     done = yield from services.finish_plan(run_id=run_id, runner_id=runner_id, group_id=group_id, now=_now(),
@@ -422,7 +415,7 @@ def _done(call: Call) -> prepared.Plan[Answer | None]:
 
 def _live(call: Call) -> Answer | None:
     runner_id, run_id, group_id = _runner_token(call)
-    data = _json_body(call, fastbody.live_push)
+    data = _json_body(call, LivePushSerializer.fast_validate)
     if call.ids["run_id"] != run_id or data is None:
         return None
     if not log_services.live_push_hot(run_id=run_id, runner_id=runner_id, runner_group_id=group_id, **data):
@@ -477,7 +470,7 @@ def _poll(call: Call) -> Answer | None:
         result = None
     if result is None:
         return POLL.answer(204)
-    return POLL.answer(200, JSONRenderer().render(runner_views.claim_answer(result)))
+    return POLL.answer(200, JSONRenderer().render(ClaimSerializer.fast_represent(result)))
 
 
 def _self_hosted(group: Any) -> None:
@@ -503,51 +496,37 @@ def _now() -> datetime:
     return timezone.now()
 
 
-STATUS = Route("status", "GET", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/status"), runner_views.StatusView,
-               _status, plan=True)  # fmt: skip
-READY = Route("ready", "POST", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/ready"), runner_views.ReadyView,
-              _ready, body=True, plan=True)  # fmt: skip
-ACCEPT = Route("accept", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/accept"), runner_views.AcceptView,
-               _accept, plan=True)  # fmt: skip
-DONE = Route("done", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/done"), runner_views.DoneView, _done,
-             body=True, plan=True)  # fmt: skip
-LIVE = Route("live", "POST", re.compile(rf"/api/v1/runs/(?P<run_id>{_UUID})/logs/live"), log_views.LiveLogView,
-             _live, body=True, max_body=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)  # fmt: skip
-DEREGISTER = Route("deregister", "DELETE", re.compile(rf"/api/v1/runners/(?P<runner_id>{_UUID})/deregister"),
-                   runner_views.DeregisterView, _deregister, plan=True)  # fmt: skip
-POLL = Route("poll", "GET", re.compile("/api/v1/runner-groups/poll"), runner_views.PollView, _poll, query=True,
-             sticky=False)  # fmt: skip
+_JSON_200, _EMPTY_204 = (200, True), (204, False)
+STATUS = Route("status", "GET", runner_views.StatusView, _status, (_JSON_200,), ids=("run_id",), plan=True)
+READY = Route("ready", "POST", runner_views.ReadyView, _ready, (_EMPTY_204,), ids=("runner_id",), body=True,
+              plan=True)  # fmt: skip
+ACCEPT = Route("accept", "POST", runner_views.AcceptView, _accept, (_JSON_200,), ids=("run_id",), plan=True)
+DONE = Route("done", "POST", runner_views.DoneView, _done, (_EMPTY_204,), ids=("run_id",), body=True, plan=True)
+LIVE = Route("live", "POST", log_views.LiveLogView, _live, (_EMPTY_204,), ids=("run_id",), body=True,
+             max_body=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)  # fmt: skip
+DEREGISTER = Route("deregister", "DELETE", runner_views.DeregisterView, _deregister, (_EMPTY_204,),
+                   ids=("runner_id",), plan=True)  # fmt: skip
+POLL = Route("poll", "GET", runner_views.PollView, _poll, (_JSON_200, _EMPTY_204), query=True, sticky=False)
 ROUTES = (STATUS, READY, ACCEPT, DONE, LIVE, DEREGISTER, POLL)
-_BY_METHOD_AND_TAIL = {(r.method, r.path.pattern.rsplit("/", 1)[1]): r for r in ROUTES}
+
+ENABLED = conf.server().fast_lane
+for _route in ROUTES:
+    derive(_route, probe=ENABLED)
+    if ENABLED and _route.off is not None:
+        log.warning("the fast lane leaves %s to Django: %s", _route.name, _route.off,
+                    extra={"event": "api.fast_lane_off", "route": _route.name})  # fmt: skip
+_host_ok = facts.host_check()
+# By method and last path segment (admit checks the whole path): only the routes that are on.
+_BY_METHOD_AND_TAIL = {
+    (r.method, r.binding.tail): r for r in ROUTES if r.off is None and r.binding is not None
+}  # fmt: skip
 
 
 def route_for(scope: dict[str, Any]) -> Route | None:
-    """The lane's route for this request by method and last path segment (admit checks the whole path)."""
-    if not ENABLED:
-        return None
+    """The lane's route for this request by method and last path segment, if the lane serves it."""
     return _BY_METHOD_AND_TAIL.get((scope["method"], scope["path"].rsplit("/", 1)[-1]))
 
 
-def _route_facts() -> tuple[dict[str, bytes], dict[str, str]]:
-    """Each route's Allow header (its view's methods, as DRF answers them) and metric label (Django's pattern)."""
-    allow, labels = {}, {}
-    zero = str(uuid.UUID(int=0))
-    for route in ROUTES:
-        sample = route.path.pattern.replace(f"(?P<run_id>{_UUID})", zero).replace(f"(?P<runner_id>{_UUID})", zero)
-        match = resolve(sample)
-        view_class = getattr(match.func, "view_class", None) or getattr(match.func, "cls", None)
-        if view_class is not route.view:
-            raise RuntimeError(f"{sample} resolves to {view_class}, not {route.view}: fix gantry/api/fastlane.py")
-        view = route.view()
-        view.setup(None)  # as as_view() does per request: a GET view answers HEAD too
-        allow[route.name] = ", ".join(view.allowed_methods).encode()
-        labels[route.name] = match.route
-    return allow, labels
-
-
-DISABLED_REASON = _disabled_reason()
-ENABLED = DISABLED_REASON is None
-if not ENABLED and DISABLED_REASON != "GANTRY_FAST_LANE is false":
-    log.warning("the fast lane is off: %s", DISABLED_REASON, extra={"event": "api.fast_lane_off"})
-_allow, _labels = _route_facts()
-_headers = _security_headers()
+def fresh(route: Route) -> Route:
+    """A copy of ``route`` with its facts derived again (under the settings of the moment: tests)."""
+    return derive(dataclasses.replace(route))
