@@ -281,8 +281,8 @@ def record_runs(runs: Iterable[tuple[int, Mapping[str, float], str | None]]) -> 
     Added to this process's buffer, which one pipeline writes to Redis at most
     :data:`FLUSH_SECONDS` later (a background thread), at a scrape of this
     process, and at exit: the runner routes record a figure on every claim,
-    accept and finish, and a Redis round trip each was 7% of the lifecycle's
-    Python time (docs/performance.md). Equal increments are summed first, so
+    accept and finish, and a Redis round trip on each would cost those calls
+    more than their own statements' client side. Equal increments are summed first, so
     a flush is one ``HINCRBY`` per (timing, org, bucket) however many runs
     moved. A process killed outright loses at most its last second of
     figures, as an in-process counter would lose all of them.

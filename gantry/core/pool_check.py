@@ -3,8 +3,8 @@
 ``CONN_HEALTH_CHECKS`` makes psycopg's pool run an empty query on every
 checkout, so that a connection the database dropped (a restart, a failover)
 is replaced instead of failing a request. A request-per-checkout server paid
-that round trip on every request: 11% of the server's samples under a fleet's
-``/status`` load (docs/performance.md, "Runner routes").
+that round trip on every request, as much as a one-statement hot call's own
+(docs/performance.md, "Runner routes: statements and round trips").
 
 A connection the server has closed, or is closing, has something to read on
 its socket (the server's termination message, or end-of-file), while a
