@@ -26,7 +26,7 @@ from psycopg_pool import ConnectionPool
 def needs_query(conn: Any) -> bool:
     """Whether the check must ask the server: the connection is closed or broken, or its socket is readable.
 
-    For a sync or an asyncio psycopg connection alike (gantry.api.lanedb's
+    For a sync or an asyncio psycopg connection alike (gantry.server.lanedb's
     pool checks its connections by the same rule).
     """
     if conn.closed or conn.broken:

@@ -42,7 +42,7 @@ def _encode(claims: dict[str, Any]) -> str:
 
 def mint_group_token(*, group_id: int, token_version: int, organization_id: int | None = None) -> str:
     """A group token; with ``organization_id`` it names the group's org too (``org``), so the fast lane's poll
-    can send its check and its claim in one message (gantry/api/fastlane.py). Tokens without it still work."""
+    can send its check and its claim in one message (gantry/server/lane.py). Tokens without it still work."""
     claims: dict[str, Any] = {"aud": AUD_GROUP, "sub": str(group_id), "ver": token_version}
     if organization_id is not None:
         claims["org"] = organization_id

@@ -114,7 +114,7 @@ class Route:
     method: str
     view: type[APIView]
     # The call's answer or None (Django's); a plan route's handler is a plan
-    # (gantry.core.prepared) of that, run on the event loop under gantry.asgi
+    # (gantry.sql.statement) of that, run on the event loop under gantry.asgi
     # (:func:`aserve`) or on a request thread (:func:`serve`).
     handler: Callable[[Call], Any]
     # The answers the handler gives when it serves: (status, with a JSON body).

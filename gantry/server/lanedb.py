@@ -5,7 +5,7 @@ trip each. Run on a request thread, each also paid the hand-off from the event
 loop to that thread and back (an executor future, a thread wake-up, the loop's
 self-pipe, the GIL passed twice) and Django's per-call connection
 bookkeeping: more Python than the statement's own client side. Here the same
-plans (gantry.core.prepared) run on psycopg's asyncio connections from a pool
+plans (gantry.sql.statement) run on psycopg's asyncio connections from a pool
 of this loop's own, so the loop awaits PostgreSQL's answer as it awaits the
 client's bytes.
 
