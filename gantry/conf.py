@@ -32,7 +32,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from gantry.env import envbool, envint, envlist, envstr
+from gantry.env import envbool, envint, envlist, envseconds, envstr
 
 # The folder holding manage.py (settings.BASE_DIR).
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -358,23 +358,6 @@ class ServerConf:
     poll_recheck_seconds: float = 5.0
 
 
-def _envseconds(name: str, default: float, *, minimum: float, maximum: float) -> float:
-    """Seconds, a fraction allowed (unlike the whole seconds above); malformed or out of range: ImproperlyConfigured
-    naming the variable."""
-    import os  # here, not at the top: this section stays self-contained
-
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a number of seconds") from None
-    if not minimum <= value <= maximum:  # also refuses nan
-        raise ImproperlyConfigured(f"{name}={raw} is outside {minimum:g}-{maximum:g} seconds")
-    return value
-
-
 @functools.cache
 def server() -> ServerConf:
     return ServerConf(
@@ -383,5 +366,5 @@ def server() -> ServerConf:
         fast_lane=envbool("GANTRY_FAST_LANE", True),
         lane_db_pool_max=envint("GANTRY_LANE_DB_POOL_MAX", 8, minimum=1, maximum=1024),
         fast_lane_loop=envbool("GANTRY_FAST_LANE_LOOP", True),
-        poll_recheck_seconds=_envseconds("GANTRY_POLL_RECHECK_SECONDS", 5.0, minimum=0.1, maximum=300.0),
+        poll_recheck_seconds=envseconds("GANTRY_POLL_RECHECK_SECONDS", 5.0, minimum=0.1, maximum=300.0),
     )

@@ -44,6 +44,20 @@ def envint(name: str, default: int, *, minimum: int | None = None, maximum: int 
     return value
 
 
+def envseconds(name: str, default: float, *, minimum: float, maximum: float) -> float:
+    """Seconds, a fraction allowed (unlike the whole seconds of :func:`envint`)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number of seconds") from None
+    if not minimum <= value <= maximum:  # also refuses nan
+        raise ImproperlyConfigured(f"{name}={raw} is outside {minimum:g}-{maximum:g} seconds")
+    return value
+
+
 def envbool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None:

@@ -113,7 +113,7 @@ def test_the_core_imports_none_of_the_apps_built_on_it() -> None:
 # ---------------------------------------------------------------- who reads GANTRY_* variables
 
 # The environment readers of gantry/env.py, and os's own.
-_ENV_READERS = frozenset({"envstr", "envint", "envbool", "envlist", "getenv"})
+_ENV_READERS = frozenset({"envstr", "envint", "envbool", "envlist", "envseconds", "getenv"})
 _CONF_MODULES = frozenset({"gantry/conf.py", "gantry/env.py"})
 
 
