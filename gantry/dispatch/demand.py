@@ -7,8 +7,8 @@ fix (a lane, a runner still alive, a spent budget), so it is the number to
 scale on. ``running`` counts the runs bound to the group's runners (assigned or
 executing).
 
-Everything here is a fixed handful of statements whose cost is bounded
-whatever the backlog:
+Everything here is a fixed handful of statements (gantry.sql.queue) whose cost
+is bounded whatever the backlog:
 
 - the groups and the selectors each serves (``queue.group_facts``);
 - per selector, the pending runs no runner holds, counted over at most
@@ -38,48 +38,10 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gantry.core.models import RUNNER_BOUND, Organization, RunStatus
+from gantry.core.models import Organization, RunStatus
 from gantry.dispatch import queue
-
-COUNT_CAP = 10_000
-
-_BOUND = ", ".join(f"'{s}'" for s in sorted(RUNNER_BOUND))
-
-_UNBOUND_PENDING_SQL = f"""
-SELECT s.id, s.organization_id, s.selector, c.n FROM run_selector s
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM (
-        SELECT 1 FROM run r
-        WHERE r.organization_id = s.organization_id AND r.selector_id = s.id
-          AND r.status = 'pending' AND r.assigned_runner_id IS NULL
-        LIMIT {COUNT_CAP}
-    ) x
-) c
-WHERE c.n > 0 {{and_selector}}
-"""
-
-
-def _capped(status: str) -> str:
-    return f"""(SELECT count(*) FROM (SELECT 1 FROM run r WHERE r.organization_id = o.id AND r.status = '{status}'
-        LIMIT {COUNT_CAP}) x)"""
-
-
-_ORG_COUNTS_SQL = f"""
-SELECT o.id, o.slug, o.runs_per_hour_limit, o.dispatch_throttled_until,
-       {_capped("queued")}, {_capped("assigned")},
-       (SELECT count(*) FROM runner ru JOIN runner_group g ON g.id = ru.runner_group_id
-        JOIN run r ON r.assigned_runner_id = ru.id
-        WHERE g.organization_id = o.id AND r.status = 'pending')
-FROM organization o
-ORDER BY o.slug
-"""
-
-_RUNNING_SQL = f"""
-SELECT ru.runner_group_id, count(*) FROM runner ru
-JOIN run r ON r.assigned_runner_id = ru.id AND r.status IN ({_BOUND})
-{{where}}
-GROUP BY ru.runner_group_id
-"""
+from gantry.sql import queue as sql
+from gantry.sql.queue import COUNT_CAP
 
 
 @dataclass(frozen=True)
@@ -92,19 +54,18 @@ class SelectorBacklog:
 
 def unbound_pending(*, selector_ids: Iterable[int] | None = None) -> list[SelectorBacklog]:
     params: dict[str, Any] = {}
-    and_selector = ""
+    statement = sql.UNBOUND_PENDING
     if selector_ids is not None:
-        params["ids"] = list(selector_ids)
-        and_selector = "AND s.id = ANY(%(ids)s)"
+        statement, params = sql.UNBOUND_PENDING_OF_SELECTORS, {"ids": list(selector_ids)}
     with connection.cursor() as cur:
-        cur.execute(_UNBOUND_PENDING_SQL.format(and_selector=and_selector), params)
+        cur.execute(statement, params)
         return [SelectorBacklog(r[0], r[1], queue.as_json(r[2]), r[3]) for r in cur.fetchall()]
 
 
 def running_by_group(*, group_id: int | None = None) -> dict[int, int]:
-    where, params = ("WHERE ru.runner_group_id = %(group_id)s", {"group_id": group_id}) if group_id else ("", {})
+    statement, params = (sql.RUNNING_OF_GROUP, {"group_id": group_id}) if group_id else (sql.RUNNING_BY_GROUP, {})
     with connection.cursor() as cur:
-        cur.execute(_RUNNING_SQL.format(where=where), params)
+        cur.execute(statement, params)
         return dict(cur.fetchall())
 
 
@@ -173,7 +134,7 @@ class QueueCollector(Collector):
         backlogs = unbound_pending()
         running = running_by_group()
         with connection.cursor() as cur:
-            cur.execute(_ORG_COUNTS_SQL)
+            cur.execute(sql.ORG_COUNTS)
             org_rows = cur.fetchall()
 
         waiting = GaugeMetricFamily(

@@ -8,12 +8,13 @@ the org's dispatch budget); a new reason is one function and one line in
 
 The read is set-based, a fixed handful of statements whatever the backlog:
 
-1. the page of waiting runs (:data:`_PAGE_SQL`): one range of ``run_waiting_idx``
-   per status, merged in (created_at, id) order and cut at the page's end, then
-   joined with the stack, the selector, the runner a run points at, and a
-   queued run's lane holder (a probe of the one-lane-holder unique index);
+1. the page of waiting runs (``gantry.sql.queue.WAITING_PAGE``): one range of
+   ``run_waiting_idx`` per status, merged in (created_at, id) order and cut at
+   the page's end, then joined with the stack, the selector, the runner a run
+   points at, and a queued run's lane holder (a probe of the one-lane-holder
+   unique index);
 2. the org's runner groups, each with the org's selectors it serves
-   (:data:`_GROUPS_SQL`), matched in SQL by the claim's own rule
+   (``gantry.sql.queue.groups``), matched in SQL by the claim's own rule
    (``selector <@ labels``; an empty selector only to the default group when
    the org has one);
 3. at most one peek at the org's token bucket (``throttle.budget``, Redis),
@@ -41,9 +42,10 @@ from django.db import connection
 
 from gantry import conf
 from gantry.core.errors import InvalidRequest
-from gantry.core.models import LANE_HOLDERS, WAITING, GroupKind, Organization, RunnerStatus, RunStatus
+from gantry.core.models import GroupKind, Organization, RunnerStatus, RunStatus
 from gantry.dispatch import throttle
 from gantry.dispatch.candidates import InFlight, org_in_flight
+from gantry.sql import queue as sql
 
 PAGE_DEFAULT = 100
 PAGE_MAX = 500
@@ -347,77 +349,15 @@ def reason_for(situation: Situation) -> Reason:
     raise AssertionError("the ladder's last rung always applies")  # pragma: no cover
 
 
-# ---------------------------------------------------------------- the statements
-
-_LANE_HOLDERS_SQL = ", ".join(f"'{s}'" for s in sorted(LANE_HOLDERS))
-
-
-def _status_range(status: str) -> str:
-    # One index range of run_waiting_idx; the status is a literal so the
-    # planner matches the partial index's predicate.
-    return f"""(SELECT id, created_at FROM run
-        WHERE organization_id = %(org_id)s AND status = '{status}'
-          AND (created_at, id) > (%(after_at)s, %(after_id)s)
-        ORDER BY created_at, id LIMIT %(limit)s)"""
-
-
-_PAGE_CTE = f"""
-WITH page AS (
-    {_status_range("queued")}
-    UNION ALL {_status_range("pending")}
-    UNION ALL {_status_range("assigned")}
-    ORDER BY created_at, id LIMIT %(limit)s
-)
-"""
-_WAITING_STATUSES = ", ".join(f"'{s}'" for s in sorted(WAITING))
-_ONE_RUN_CTE = f"""
-WITH page AS (
-    SELECT id, created_at FROM run WHERE id = ANY(%(run_ids)s) AND status IN ({_WAITING_STATUSES})
-)
-"""
-_WAITING_SQL = f"""
-SELECT r.id, r.status, r.stack_id, st.name, r.deployment_id, r.created_at, r.first_pending_at,
-       r.selector_id, sel.selector, r.assigned_runner_id, r.assigned_expires_at,
-       ru.status, ru.created_at, COALESCE(ru.last_seen_at, ru.accepted_at),
-       CASE WHEN r.status = 'queued' THEN (
-           SELECT h.id FROM run h WHERE h.stack_id = r.stack_id AND h.status IN ({_LANE_HOLDERS_SQL})
-       ) END
-FROM page p
-JOIN run r ON r.id = p.id
-JOIN stack st ON st.id = r.stack_id
-JOIN run_selector sel ON sel.id = r.selector_id
-LEFT JOIN runner ru ON ru.id = r.assigned_runner_id
-ORDER BY r.created_at, r.id
-"""
-_PAGE_SQL = _PAGE_CTE + _WAITING_SQL
-
-# The claim's matching rule (gantry.dispatch.claim, CTE "sel"), per group.
-_GROUPS_SQL = """
-SELECT g.id, g.organization_id, g.name, g.kind, g.labels, g.max_concurrent_runs, g.runner_count, g.drained,
-       g.last_polled_at, g.last_dispatch_error, g.last_dispatch_error_at,
-       COALESCE(array_agg(s.id) FILTER (WHERE s.id IS NOT NULL), '{{}}')
-FROM runner_group g
-JOIN organization o ON o.id = g.organization_id
-LEFT JOIN run_selector s ON s.organization_id = g.organization_id AND s.selector <@ g.labels
-     AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL OR o.default_runner_group_id = g.id)
-{where}
-GROUP BY g.id
-ORDER BY g.organization_id, g.name, g.id
-"""
-
-
 def group_facts(*, organization_id: int | None = None, group_id: int | None = None) -> list[GroupFacts]:
     """Runner groups with the selectors each serves: one statement (all orgs when no filter is given)."""
-    clauses, params = [], {}
+    params = {}
     if organization_id is not None:
-        clauses.append("g.organization_id = %(org_id)s")
         params["org_id"] = organization_id
     if group_id is not None:
-        clauses.append("g.id = %(group_id)s")
         params["group_id"] = group_id
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     with connection.cursor() as cur:
-        cur.execute(_GROUPS_SQL.format(where=where), params)
+        cur.execute(sql.groups(*params), params)
         rows = cur.fetchall()
     return [
         GroupFacts(
@@ -492,12 +432,12 @@ class QueuePage:
 def waiting_runs(*, organization_id: int, after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[WaitingRun]:
     after_at, after_id = after or _BEFORE_ALL
     params = {"org_id": organization_id, "after_at": after_at, "after_id": after_id, "limit": limit}
-    return _read_waiting(_PAGE_SQL, params)
+    return _read_waiting(sql.WAITING_PAGE, params)
 
 
-def _read_waiting(sql: str, params: dict[str, Any]) -> list[WaitingRun]:
+def _read_waiting(statement: str, params: dict[str, Any]) -> list[WaitingRun]:
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(statement, params)
         rows = cur.fetchall()
     return [
         WaitingRun(
@@ -539,7 +479,7 @@ def read_queue(*, org: Organization, now: datetime, cursor: str | None = None, l
 
 def reasons_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Reason]:
     """The reasons of some of the org's runs (those still waiting): two statements, however many."""
-    runs = _read_waiting(_ONE_RUN_CTE + _WAITING_SQL, {"run_ids": list(run_ids)})
+    runs = _read_waiting(sql.WAITING_RUNS, {"run_ids": list(run_ids)})
     if not runs:
         return {}
     facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)

@@ -39,7 +39,7 @@ from gantry import conf
 from gantry.core import services
 from gantry.core.models import RunnerGroup
 from gantry.logs import flush_live_log
-from gantry.sql.runners import holds_run
+from gantry.sql import dispatcher as sql
 from launchers.github_actions import GitHubActionsLauncher
 from launchers.github_actions.api import GitHubApi, GitHubError
 
@@ -51,37 +51,9 @@ RECONCILE_PAGES = 2
 RECONCILE_INTERVAL = 30.0
 RECONCILE_RUNNERS = 2000
 
-RELEASABLE_SQL = f"""
-SELECT rn.id, rn.workflow_run_id, rn.runner_group_id FROM runner rn
-JOIN runner_group g ON g.id = rn.runner_group_id
-WHERE g.kind = 'github_actions' AND rn.status IN ('not_ready', 'ready') AND rn.dispatched_at IS NOT NULL
-  AND NOT {holds_run("rn.id")}
-ORDER BY rn.created_at, rn.id
-LIMIT %(limit)s
-"""
-
-# Runs whose cancellation was asked over CANCEL_GRACE ago and whose runner has
-# not stopped them: their workflow run is cancelled (the runner normally stops
-# its steps, ships the log and reports within seconds). Driven from the
-# github_actions runners, through the one-run-per-runner index.
+# A run whose cancellation was asked this long ago and that its runner has
+# not stopped has its workflow run cancelled (gantry.sql.dispatcher.OVERDUE_CANCELS).
 CANCEL_GRACE = timedelta(minutes=2)
-OVERDUE_CANCELS_SQL = """
-SELECT rn.id, rn.workflow_run_id, rn.runner_group_id FROM runner rn
-JOIN runner_group g ON g.id = rn.runner_group_id
-JOIN run r ON r.assigned_runner_id = rn.id AND r.status IN ('requested_cancellation', 'cancelling')
-WHERE g.kind = 'github_actions' AND rn.status = 'busy' AND rn.workflow_run_id IS NOT NULL
-  AND r.cancel_requested_at < %(before)s
-ORDER BY r.cancel_requested_at
-LIMIT %(limit)s
-"""
-
-LIVE_DISPATCHES_SQL = """
-SELECT rn.runner_group_id, rn.id, rn.workflow_run_id, rn.dispatched_at FROM runner rn
-JOIN runner_group g ON g.id = rn.runner_group_id
-WHERE g.kind = 'github_actions' AND rn.workflow_run_id IS NOT NULL AND rn.dispatched_at IS NOT NULL
-ORDER BY rn.dispatched_at, rn.id
-LIMIT %(limit)s
-"""
 
 
 class GitHub:
@@ -137,10 +109,10 @@ def cancel_quietly(github: GitHub, group: RunnerGroup, workflow_run_id: object) 
     return True
 
 
-def _runners(sql: str, params: dict[str, Any]) -> list[tuple[uuid.UUID, int | None, RunnerGroup]]:
-    """A pass's (runner id, workflow run id, group) rows: ``sql`` answers runner id, workflow run id, group id."""
+def _runners(statement: str, params: dict[str, Any]) -> list[tuple[uuid.UUID, int | None, RunnerGroup]]:
+    """A pass's (runner id, workflow run id, group) rows: ``statement`` answers runner id, workflow run id, group id."""
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(statement, params)
         rows = cur.fetchall()
     groups = RunnerGroup.objects.in_bulk({row[2] for row in rows})
     return [(row[0], row[1], groups[row[2]]) for row in rows if row[2] in groups]
@@ -149,7 +121,7 @@ def _runners(sql: str, params: dict[str, Any]) -> list[tuple[uuid.UUID, int | No
 def release_pass(github: GitHub, *, now: datetime, limit: int = RELEASE_BATCH) -> int:
     """Cancel the workflow runs of runners that can never accept, and delete those runners; answers how many."""
     released = 0
-    for runner_id, workflow_run_id, group in _runners(RELEASABLE_SQL, {"now": now, "limit": limit}):
+    for runner_id, workflow_run_id, group in _runners(sql.RELEASABLE, {"now": now, "limit": limit}):
         if not cancel_quietly(github, group, workflow_run_id):
             continue
         if services.github_runner_release(runner_id=runner_id, now=now):
@@ -170,7 +142,7 @@ def cancel_overdue_pass(github: GitHub, *, now: datetime, limit: int = RELEASE_B
     """
     cancelled = 0
     for runner_id, workflow_run_id, group in _runners(
-        OVERDUE_CANCELS_SQL, {"before": now - CANCEL_GRACE, "limit": limit}
+        sql.OVERDUE_CANCELS, {"before": now - CANCEL_GRACE, "limit": limit}
     ):
         # (the statement selects only runners with a workflow run id)
         if workflow_run_id is None or workflow_run_id in github.cancelled:
@@ -189,7 +161,7 @@ def cancel_overdue_pass(github: GitHub, *, now: datetime, limit: int = RELEASE_B
 def reconcile_pass(github: GitHub, *, now: datetime) -> int:
     """Fail the runs whose workflow run ended without ``done``; answers how many runners it settled."""
     with connection.cursor() as cur:
-        cur.execute(LIVE_DISPATCHES_SQL, {"limit": RECONCILE_RUNNERS})
+        cur.execute(sql.LIVE_DISPATCHES, {"limit": RECONCILE_RUNNERS})
         rows = cur.fetchall()
     live: dict[int, dict[int, uuid.UUID]] = defaultdict(dict)  # group → workflow run id → runner
     since: dict[int, datetime] = {}

@@ -160,30 +160,6 @@ class Flushed:
     failed: dict[uuid.UUID, Exception] = field(default_factory=dict)
 
 
-# The manifest is written only where none is (guarded), for many runs at once.
-_RECORD_MANIFESTS_SQL = """
-UPDATE run SET log_manifest = v.manifest
-FROM unnest(%s::uuid[], %s::jsonb[]) AS v(id, manifest)
-WHERE run.id = v.id AND run.log_manifest IS NULL
-RETURNING run.id
-"""
-
-# The same, also releasing finished runs from the runners about to be deleted
-# (``finish(release=…)``): one row version per run instead of two (the
-# manifest, then the foreign key's SET NULL when the runner row goes; run
-# has a dozen indexes and neither update can be HOT).
-_RELEASABLE = "(v.runner IS NOT NULL AND run.assigned_runner_id = v.runner AND run.status IN ({}))".format(
-    ", ".join(f"'{t}'" for t in sorted(TERMINAL))
-)
-_RECORD_AND_RELEASE_SQL = f"""
-UPDATE run SET log_manifest = COALESCE(run.log_manifest, v.manifest),
-               assigned_runner_id = CASE WHEN {_RELEASABLE} THEN NULL ELSE run.assigned_runner_id END
-FROM unnest(%s::uuid[], %s::jsonb[], %s::uuid[]) AS v(id, manifest, runner)
-WHERE run.id = v.id AND ((run.log_manifest IS NULL AND v.manifest IS NOT NULL) OR {_RELEASABLE})
-RETURNING run.id, v.manifest IS NOT NULL AND run.log_manifest = v.manifest
-"""
-
-
 def flush_live_logs(run_ids: list[uuid.UUID]) -> Flushed:
     """:func:`flush_live_log` for many runs: one read of the runs, one MGET, a storage write per record, one UPDATE.
 
@@ -217,11 +193,7 @@ class PendingFlush:
         if not run_ids:
             return
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT id, status, log_manifest IS NOT NULL, started_at IS NOT NULL FROM run "
-                "WHERE id = ANY(%s::uuid[])",
-                [list(run_ids)],
-            )
+            cur.execute(sql.FLUSH_STATE, [list(run_ids)])
             rows = {row[0]: row[1:] for row in cur.fetchall()}
         # Gone, or storage already authoritative: only the live record is left to drop.
         self.settled = [run_id for run_id in run_ids if run_id not in rows or rows[run_id][1]]
@@ -282,12 +254,12 @@ class PendingFlush:
                 [freed.get(i) for i in ids],
             ]
             with connection.cursor() as cur:
-                cur.execute(_RECORD_AND_RELEASE_SQL, args)
+                cur.execute(sql.RECORD_AND_RELEASE, args)
                 result.recorded = {row[0] for row in cur.fetchall() if row[1]}
         elif manifests:
             ids = list(manifests)
             with connection.cursor() as cur:
-                cur.execute(_RECORD_MANIFESTS_SQL, [ids, [json.dumps(manifests[i]) for i in ids]])
+                cur.execute(sql.RECORD_MANIFESTS, [ids, [json.dumps(manifests[i]) for i in ids]])
                 result.recorded = {row[0] for row in cur.fetchall()}
         # Storage is authoritative for every run with a manifest now (ours or a racer's).
         live.delete_many(self.settled + [run_id for run_id in manifests if self.records.get(run_id) is not None])

@@ -51,7 +51,7 @@ from gantry.core.services import bulk
 from gantry.logs import flush_live_logs, start_flush
 from gantry.logs.services import PendingFlush
 from gantry.reapers import stubs
-from gantry.sql.runners import holds_run
+from gantry.sql import reapers as sql
 
 log = logging.getLogger("gantry.reapers")
 _T = TypeVar("_T")
@@ -97,62 +97,17 @@ class SweepResult:
 # Selection
 # --------------------------------------------------------------------------
 
-# Status lists are literals, never parameters, so each statement provably
-# matches its partial index's predicate. Each statement answers (key, id).
 
-# reset expired assignments — index run_lease_expiry_idx
-_EXPIRED_ASSIGNMENTS_SQL = """
-SELECT assigned_expires_at, id FROM run
-WHERE status = 'assigned' AND assigned_expires_at < %(now)s
-  AND (assigned_expires_at, id) > (%(after_key)s, %(after_id)s)
-ORDER BY assigned_expires_at, id
-LIMIT %(limit)s
-"""
+def _due(statement: str, params: dict[str, Any], *, batch_size: int, max_rows: int) -> Iterator[list[uuid.UUID]]:
+    """The due ids, ``batch_size`` at a time in (key, id) order, at most ``max_rows`` in all.
 
-# startup deadline — index run_never_started_idx. An assigned run qualifies
-# only once its lease lapsed: its runner may still be about to accept.
-_STARTUP_DEADLINE_SQL = """
-SELECT first_pending_at, id FROM run
-WHERE status IN ('pending', 'assigned') AND started_at IS NULL
-  AND first_pending_at < %(deadline)s
-  AND (assigned_expires_at IS NULL OR assigned_expires_at < %(now)s)
-  AND (first_pending_at, id) > (%(after_key)s, %(after_id)s)
-ORDER BY first_pending_at, id
-LIMIT %(limit)s
-"""
-
-# cancellation backstop — index run_cancel_backstop_idx (normally empty)
-_CANCELLATION_BACKSTOP_SQL = """
-SELECT created_at, id FROM run
-WHERE status = 'requested_cancellation' AND started_at IS NULL
-  AND (assigned_expires_at IS NULL OR assigned_expires_at < %(now)s)
-  AND (created_at, id) > (%(after_key)s, %(after_id)s)
-ORDER BY created_at, id
-LIMIT %(limit)s
-"""
-
-# busy runners gone silent — a pass over the runner table, which holds only
-# the live fleet (no index on last_seen_at: every /status moves it, and an
-# index would keep each heartbeat from being a HOT update; migration 0016). A
-# busy runner's liveness is its last status poll; accept stamps it, so it is
-# never null in practice, and the fallbacks only keep a hand-made row from
-# escaping.
-_SILENT_RUNNERS_SQL = """
-SELECT COALESCE(last_seen_at, accepted_at, created_at), id FROM runner
-WHERE status = 'busy' AND COALESCE(last_seen_at, accepted_at, created_at) < %(silent_before)s
-  AND (COALESCE(last_seen_at, accepted_at, created_at), id) > (%(after_key)s, %(after_id)s)
-ORDER BY COALESCE(last_seen_at, accepted_at, created_at), id
-LIMIT %(limit)s
-"""
-
-
-def _due(sql: str, params: dict[str, Any], *, batch_size: int, max_rows: int) -> Iterator[list[uuid.UUID]]:
-    """The due ids, ``batch_size`` at a time in (key, id) order, at most ``max_rows`` in all."""
+    ``statement`` is one of gantry.sql.reapers' selections, each answering (key, id).
+    """
     (after_key, after_id), taken = _BEFORE_ALL, 0
     while taken < max_rows:
         limit = min(batch_size, max_rows - taken)
         with connection.cursor() as cur:
-            cur.execute(sql, {**params, "after_key": after_key, "after_id": after_id, "limit": limit})
+            cur.execute(statement, {**params, "after_key": after_key, "after_id": after_id, "limit": limit})
             rows = cur.fetchall()
         if rows:
             yield [row_id for _, row_id in rows]
@@ -217,7 +172,7 @@ def reset_expired_assignments(*, now: datetime, batch_size: int = BATCH_SIZE, ma
     """
 
     with _Sweep("expired_assignments", now) as sweep:
-        for ids in _due(_EXPIRED_ASSIGNMENTS_SQL, {"now": now}, batch_size=batch_size, max_rows=max_rows):
+        for ids in _due(sql.EXPIRED_ASSIGNMENTS, {"now": now}, batch_size=batch_size, max_rows=max_rows):
             sweep.count("reset", ids, sweep.batch(partial(bulk.reset_leases, ids, now=now)))
     return sweep.result
 
@@ -232,7 +187,7 @@ def startup_deadline(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
     deadline = now - timedelta(seconds=conf.get().runner_startup_deadline)
     params = {"now": now, "deadline": deadline}
     with _Sweep("startup_deadline", now) as sweep:
-        for ids in _due(_STARTUP_DEADLINE_SQL, params, batch_size=batch_size, max_rows=max_rows):
+        for ids in _due(sql.STARTUP_DEADLINE, params, batch_size=batch_size, max_rows=max_rows):
             work = partial(bulk.startup_timeouts, ids, now=now, deadline=deadline)
             sweep.count("timed_out", ids, sweep.batch(work))
     return sweep.result
@@ -270,7 +225,7 @@ def inactive_runners(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
         # Pipelined: a batch's storage writes run while the previous batch is
         # settled and the next one is failed, all database work on this thread.
         pending: _LostBatch | None = None
-        for ids in _due(_SILENT_RUNNERS_SQL, params, batch_size=batch_size, max_rows=max_rows):
+        for ids in _due(sql.SILENT_RUNNERS, params, batch_size=batch_size, max_rows=max_rows):
             started = sweep.batch(partial(_fail_silent_runners, sweep, ids, silent_before=silent_before, now=now))
             if pending is not None:
                 sweep.batch(partial(_settle_lost, sweep, pending, now=now))
@@ -279,34 +234,6 @@ def inactive_runners(*, now: datetime, batch_size: int = BATCH_SIZE, max_rows: i
             sweep.batch(partial(_settle_lost, sweep, pending, now=now))
         _flush_queued_runs(sweep, batch_size=batch_size, max_rows=max_rows)
     return sweep.result
-
-
-# The batch's runners locked, each re-checked as still busy and silent on its
-# latest row version: a /status that refreshed last_seen_at since the selection
-# proves the runner alive, and one arriving now waits for this transaction and
-# then reads its run's new status (failure). SKIP LOCKED: a runner another
-# sweep is reaping is that sweep's. Runners are locked before stacks and runs,
-# the per-row path's order (``services.runner_fail_lost``).
-_LOCK_SILENT_SQL = """
-SELECT id, COALESCE(last_seen_at, accepted_at, created_at) FROM runner
-WHERE id = ANY(%(ids)s::uuid[]) AND status = 'busy'
-  AND COALESCE(last_seen_at, accepted_at, created_at) < %(silent_before)s
-ORDER BY id
-FOR UPDATE SKIP LOCKED
-"""
-
-# The run each runner accepted (a runner accepts one run in its life), on the
-# assigned_runner_id index: executing, or finished without a deregister.
-_ACCEPTED_RUNS_SQL = """
-SELECT DISTINCT ON (assigned_runner_id) assigned_runner_id, id, status FROM run
-WHERE assigned_runner_id = ANY(%(runners)s::uuid[]) AND started_at IS NOT NULL
-ORDER BY assigned_runner_id, started_at DESC
-"""
-
-# Deregister's own statement (``services.runner_deregister``) for a batch.
-_DELETE_RUNNERS_SQL = (
-    f"DELETE FROM runner r WHERE r.id = ANY(%(ids)s::uuid[]) AND NOT {holds_run('r.id')} RETURNING r.id"
-)
 
 
 @dataclass
@@ -329,9 +256,9 @@ def _fail_silent_runners(sweep: _Sweep, ids: list[uuid.UUID], *, silent_before: 
     counts = sweep.result.counts
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(_LOCK_SILENT_SQL, {"ids": ids, "silent_before": silent_before})
+            cur.execute(sql.LOCK_SILENT, {"ids": ids, "silent_before": silent_before})
             seen = dict(cur.fetchall())
-            cur.execute(_ACCEPTED_RUNS_SQL, {"runners": list(seen)})
+            cur.execute(sql.ACCEPTED_RUNS, {"runners": list(seen)})
             accepted = {runner: (run, status) for runner, run, status in cur.fetchall()}
         executing = [(runner, run) for runner, (run, status) in accepted.items() if status in EXECUTING]
         moved: list[bulk.Moved] = []
@@ -377,7 +304,7 @@ def _delete_runners(ids: Iterable[uuid.UUID], *, now: datetime) -> list[uuid.UUI
     if not ids:
         return []
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(_DELETE_RUNNERS_SQL, {"ids": ids, "now": now})
+        cur.execute(sql.DELETE_RUNNERS, {"ids": ids, "now": now})
         return [row[0] for row in cur.fetchall()]
 
 
@@ -390,7 +317,7 @@ def cancellation_backstop(*, now: datetime, batch_size: int = BATCH_SIZE, max_ro
     """
     params = {"now": now}
     with _Sweep("cancellation_backstop", now) as sweep:
-        for ids in _due(_CANCELLATION_BACKSTOP_SQL, params, batch_size=batch_size, max_rows=max_rows):
+        for ids in _due(sql.CANCELLATION_BACKSTOP, params, batch_size=batch_size, max_rows=max_rows):
             work = partial(bulk.cancel_backstops, ids, now=now)
             sweep.count("cancelled", ids, sweep.batch(work))
     return sweep.result
@@ -453,9 +380,6 @@ def force_delete_runner(*, runner_id: uuid.UUID, by: User | None = None, now: da
     return failed
 
 
-_QUEUED_FLUSHES_SQL = "SELECT run_id FROM log_flush ORDER BY queued_at, run_id LIMIT %s"
-
-
 def flush_queued(counts: Counter[str], run_ids: list[uuid.UUID]) -> bool:
     """Flush the live logs of queued runs (``LogFlush``); the rows of those flushed, or with nothing left to
     flush, go. A run whose flush failed keeps its row (``flush_failed``) for the next try. True: none failed."""
@@ -465,7 +389,7 @@ def flush_queued(counts: Counter[str], run_ids: list[uuid.UUID]) -> bool:
                     extra={"event": "reaper.queued_flush_failed", "run_id": str(run_id)})  # fmt: skip
     done = [run_id for run_id in run_ids if run_id not in flushed.failed]
     with connection.cursor() as cur:
-        cur.execute("DELETE FROM log_flush WHERE run_id = ANY(%s::uuid[])", [done])
+        cur.execute(sql.DELETE_FLUSHES, [done])
     counts["log_flushed"] += len(flushed.recorded)
     counts["flush_failed"] += len(flushed.failed)
     return not flushed.failed
@@ -476,7 +400,7 @@ def _flush_queued_runs(sweep: _Sweep, *, batch_size: int, max_rows: int) -> None
     done = 0
     while done < max_rows:
         with connection.cursor() as cur:
-            cur.execute(_QUEUED_FLUSHES_SQL, [min(batch_size, max_rows - done)])
+            cur.execute(sql.QUEUED_FLUSHES, [min(batch_size, max_rows - done)])
             ids = [row[0] for row in cur.fetchall()]
         if not ids:
             return

@@ -44,52 +44,16 @@ import redis
 from django.db import connection, connections, transaction
 
 from gantry import conf
-from gantry.core.models import TERMINAL
 from gantry.logs import live
 from gantry.logs.reader import INDEX_KEY
 from gantry.logs.storage import get_storage
 from gantry.redis import client as redis_client
-from gantry.sql import literals
-from gantry.sql.runs import newer_attempt
+from gantry.sql import retention as sql
 
 _T = TypeVar("_T")
 Batch = Callable[[Callable[[], _T]], _T | None]
 
 _BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
-
-# The next finished runs in (finished_at, id) order, straight off run_finished_idx.
-_SCAN_SQL = """
-SELECT finished_at, id FROM run
-WHERE finished_at IS NOT NULL AND finished_at < %(cutoff)s
-  AND (finished_at, id) > (%(after_key)s, %(after_id)s)
-ORDER BY finished_at, id
-LIMIT %(limit)s
-"""
-
-# One batch: of the scanned ids, the terminal runs past the cut-off that are
-# not their deployment's newest attempt are locked (SKIP LOCKED: nothing else
-# should hold a finished run, and if something does it waits for the next
-# pass) and deleted with their events and token; the outbox gets the ones
-# that may have stored chunks or live records (those that ever started).
-_DELETE_SQL = f"""
-WITH doomed AS (
-    SELECT run.id, run.started_at FROM run
-    WHERE run.id = ANY(%(ids)s::uuid[]) AND run.status IN ({literals(TERMINAL)})
-      AND run.finished_at < %(cutoff)s
-      -- never a deployment's newest run: the deployment follows it
-      AND {newer_attempt("run")}
-    FOR UPDATE OF run SKIP LOCKED
-),
-events AS (DELETE FROM run_event WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-tokens AS (DELETE FROM run_token WHERE run_id IN (SELECT id FROM doomed)),
-purge AS (
-    INSERT INTO log_purge (run_id, queued_at)
-    SELECT id, %(now)s FROM doomed WHERE started_at IS NOT NULL
-    ON CONFLICT (run_id) DO NOTHING
-),
-gone AS (DELETE FROM run WHERE id IN (SELECT id FROM doomed) RETURNING id)
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM events)
-"""
 
 
 def _cursor_key() -> str:
@@ -140,7 +104,7 @@ def sweep(
     while examined < max_rows:
         limit = min(batch_size, max_rows - examined)
         with connection.cursor() as cur:
-            cur.execute(_SCAN_SQL, {"cutoff": cutoff, "after_key": after[0], "after_id": after[1], "limit": limit})
+            cur.execute(sql.SCAN, {"cutoff": cutoff, "after_key": after[0], "after_id": after[1], "limit": limit})
             rows = cur.fetchall()
         examined += len(rows)
         if rows:
@@ -156,7 +120,7 @@ def sweep(
 
 def _delete(ids: list[uuid.UUID], counts: Counter[str], *, cutoff: datetime, now: datetime) -> bool:
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(_DELETE_SQL, {"ids": ids, "cutoff": cutoff, "now": now})
+        cur.execute(sql.DELETE, {"ids": ids, "cutoff": cutoff, "now": now})
         runs, events = cur.fetchone()
     counts["run_deleted"] += runs
     counts["event_deleted"] += events
@@ -175,9 +139,7 @@ def purge_pending(counts: Counter[str], batch: Batch[Any], *, batch_size: int, m
     done = 0
     while done < max_rows:
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT run_id FROM log_purge ORDER BY queued_at, run_id LIMIT %s", [min(batch_size, max_rows - done)]
-            )
+            cur.execute(sql.QUEUED_PURGES, [min(batch_size, max_rows - done)])
             ids = [row[0] for row in cur.fetchall()]
         if not ids:
             return
@@ -198,5 +160,5 @@ def _purge(ids: list[uuid.UUID]) -> tuple[int, int]:
     # The live record expires on its own; the reader's chunk index would outlive the run for a week.
     live.delete_many(ok, *(INDEX_KEY.format(run_id=run_id) for run_id in ok))
     with connection.cursor() as cur:
-        cur.execute("DELETE FROM log_purge WHERE run_id = ANY(%s::uuid[])", [ok])
+        cur.execute(sql.DELETE_PURGES, [ok])
     return len(ok), len(failed)

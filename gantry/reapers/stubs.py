@@ -1,8 +1,8 @@
-"""The stub reaper's one statement: delete never-accepted runner rows past the cutoff, a batch at a time.
+"""The stub reaper: delete never-accepted runner rows past the cutoff, a batch at a time.
 
-It lives beside the reapers that run it (``reapers.inactive_runners``); the
-"still holds a run" test it shares with deregister is
-``gantry.sql.runners.holds_run``.
+It lives beside the reapers that run it (``reapers.inactive_runners``); its
+statement is ``gantry.sql.reapers.DELETE_STUBS``, whose "still holds a run"
+test it shares with deregister (``gantry.sql.runners.holds_run``).
 """
 
 from __future__ import annotations
@@ -13,43 +13,7 @@ from typing import Any, NamedTuple
 
 from django.db import connection
 
-from gantry.sql.runners import holds_run
-
-# The stub reaper's statement, one batch at a time. A stub (never accepted)
-# past the cutoff can no longer accept: its claim's lease started when the
-# stub was created, and GANTRY_STUB_CUTOFF is longer than the lease
-# (conf.check). Its "NOT holds a run" is deregister's own test, so a
-# stub is kept whatever the settings while it could still accept, or while a
-# never-started run stuck in requested_cancellation points at it (the
-# cancellation backstop frees that run first). The ON DELETE SET NULL foreign
-# key releases each deleted stub's run for dispatch, and the runner trigger
-# NOTIFYs its org (migration 0004).
-#
-# The candidates are taken first, oldest first, straight off
-# runner_stub_created_idx, and only then tested: written as one filtered
-# SELECT … LIMIT, the planner reads every due stub (or every runner) to sort
-# them before the LIMIT, so a sweep would cost its due stubs squared. The
-# answer lists every candidate, deleted or kept, so the caller pages on by
-# (created_at, id) past kept ones.
-DELETE_STUBS_SQL = """
-WITH candidate AS MATERIALIZED (
-    SELECT id, created_at FROM runner
-    WHERE status IN ('not_ready', 'ready') AND accepted_at IS NULL AND created_at < %(created_before)s
-      AND (created_at, id) > (%(after_key)s, %(after_id)s)
-    ORDER BY created_at, id
-    LIMIT %(limit)s
-    -- A stub some request is changing right now (ready, deregister) is left
-    -- for the next sweep rather than waited on.
-    FOR UPDATE SKIP LOCKED
-),
-deleted AS (
-    DELETE FROM runner r USING candidate c
-    WHERE r.id = c.id AND NOT {holds_run}
-    RETURNING r.id
-)
-SELECT c.created_at, c.id, d.id IS NOT NULL FROM candidate c LEFT JOIN deleted d ON d.id = c.id
-ORDER BY c.created_at, c.id
-""".format(holds_run=holds_run("r.id"))
+from gantry.sql import reapers as sql
 
 
 class StubBatch(NamedTuple):
@@ -76,7 +40,7 @@ def runner_delete_stubs(
         "after_id": after[1],
     }
     with connection.cursor() as cur:
-        cur.execute(DELETE_STUBS_SQL, params)
+        cur.execute(sql.DELETE_STUBS, params)
         rows = cur.fetchall()
     return StubBatch(
         deleted=[row[1] for row in rows if row[2]],

@@ -5,8 +5,18 @@
 - ``runs`` — every change of a run's status: one builder, one definition of each effect
 - ``runners`` — runner rows: ready, the heartbeat, deregister, holding a run, the sweeps' reads
 - ``claim`` — the poll's one-statement claim
-- the reads and sweeps of the other apps, one module each (``queue``, ``dispatcher``,
-  ``reapers``, ``retention``, ``logs``, ``auth``, ``ops``, ``metrics``)
+- ``auth`` — authentication's reads: a token's group, a runner's row
+- ``logs`` — the live push's check; what a log flush reads and records
+- ``queue`` — the queue's reads: waiting runs, groups with their selectors, demand counts
+- ``dispatcher`` — the backend dispatcher: candidates, in-flight, its org locks, workflow runs' passes
+- ``reapers`` — the reapers' selections, the stub and runner deletes, the queued flushes
+- ``retention`` — the retention scan, its delete and the log-purge outbox
+- ``ops`` — readiness's probe
+- ``bootstrap`` — the embedded PostgreSQL's, read before Django's settings exist (imports neither Django
+  nor gantry.core, so neither may this package's ``__init__``)
+
+No raw SQL lives outside this package and the migrations (tests/test_layers.py),
+and only ``statement`` sends ``PREPARE``.
 
 Django's ORM still serves the plain reads and the rows no rule depends on;
 what is written here is what the ORM cannot say in one statement, or what a

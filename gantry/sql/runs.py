@@ -50,6 +50,7 @@ from gantry.core.models import (
     EXECUTING,
     LANE_HOLDERS,
     NEVER_STARTED,
+    STOPPING,
     TERMINAL,
     Run,
     RunnerStatus,
@@ -452,7 +453,7 @@ FINISH = Move(
 def finish_expected(outcome: str) -> frozenset[str]:
     """The states /done may end for ``outcome``."""
     if outcome == RunStatus.CANCELLED:
-        return frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
+        return STOPPING
     return EXECUTING
 
 

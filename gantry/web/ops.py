@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from gantry import metrics as gantry_metrics
+from gantry.sql import ops as sql
 
 log = logging.getLogger("gantry.metrics")
 
@@ -34,7 +35,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
         # the database is down, and answer late; this answers at once either way.
         params = {k: v for k, v in connection.get_connection_params().items() if k not in ("cursor_factory", "context")}
         with psycopg.connect(**params, connect_timeout=2, autocommit=True) as conn:
-            conn.execute("SELECT 1")
+            conn.execute(sql.READY)
     except Exception as exc:  # any failure means not ready; say which
         errors["database"] = f"{exc.__class__.__name__}: {exc}"
     try:

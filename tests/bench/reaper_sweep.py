@@ -215,24 +215,24 @@ def load(size: int, due_fraction: float, *, lost: int = 0) -> Case:
 def _selections(now: datetime) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """Each reaper's selection statements with their parameters, as the reaper builds them."""
     from gantry import conf
-    from gantry.reapers import reapers
+    from gantry.sql import reapers as reaper_sql
 
     cfg = conf.get()
     return {
-        "expired_assignments": [(reapers._EXPIRED_ASSIGNMENTS_SQL, {"now": now})],
+        "expired_assignments": [(reaper_sql.EXPIRED_ASSIGNMENTS, {"now": now})],
         "inactive_runners": [
             (
-                reapers._SILENT_RUNNERS_SQL,
+                reaper_sql.SILENT_RUNNERS,
                 {"silent_before": now - timedelta(seconds=cfg.runner_execution_timeout)},
             )
         ],
         "startup_deadline": [
             (
-                reapers._STARTUP_DEADLINE_SQL,
+                reaper_sql.STARTUP_DEADLINE,
                 {"now": now, "deadline": now - timedelta(seconds=cfg.runner_startup_deadline)},
             )
         ],
-        "cancellation_backstop": [(reapers._CANCELLATION_BACKSTOP_SQL, {"now": now})],
+        "cancellation_backstop": [(reaper_sql.CANCELLATION_BACKSTOP, {"now": now})],
     }
 
 
@@ -261,12 +261,12 @@ def explain(now: datetime, batch_size: int) -> None:
     from django.db import connection, transaction
 
     from gantry import conf
-    from gantry.reapers import stubs as stub_reaper
+    from gantry.sql import reapers as reaper_sql
 
     first = {"after_key": datetime(1, 1, 1, tzinfo=UTC), "after_id": uuid.UUID(int=0), "limit": batch_size}
     statements = [(name, sql, {**params, **first}) for name, sts in _selections(now).items() for sql, params in sts]
     stubs = {"created_before": now - timedelta(seconds=conf.get().stub_cutoff), "now": now, **first}
-    statements.append(("inactive_runners: the stub DELETE", stub_reaper.DELETE_STUBS_SQL, stubs))
+    statements.append(("inactive_runners: the stub DELETE", reaper_sql.DELETE_STUBS, stubs))
     for name, sql, params in statements:
         print(f"\n--- EXPLAIN (ANALYZE, BUFFERS) {name}, first batch of {batch_size}")
         with contextlib.suppress(_Rollback), transaction.atomic(), connection.cursor() as cur:

@@ -19,6 +19,7 @@ from gantry.core import services
 from gantry.core.models import Organization, Run, Runner, RunStatus
 from gantry.dispatch import candidates, throttle
 from gantry.dispatch.dispatcher import Dispatcher
+from gantry.sql import dispatcher as dispatcher_sql
 from tests.github.conftest import gha_group, pending_runs
 from tests.github.fakes import FakeGitHub
 from tests.throttle.helpers import dispatches
@@ -153,7 +154,7 @@ def test_an_org_another_dispatcher_holds_is_skipped_not_waited_on(
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as other:
-        other.execute("SELECT pg_advisory_lock(%s, %s)", [candidates.LOCK_CLASS, acme.id])
+        other.execute("SELECT pg_advisory_lock(%s, %s)", [dispatcher_sql.LOCK_CLASS, acme.id])
 
         result = Dispatcher().tick()
 

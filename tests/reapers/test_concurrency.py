@@ -27,6 +27,7 @@ from gantry.core.models import Organization, Run, RunEvent, Runner, RunnerGroup,
 from gantry.logs import live
 from gantry.reapers import reapers
 from gantry.reapers.reapers import SweepResult
+from gantry.sql import reapers as reaper_sql
 from tests.conftest import SPEC
 
 from .helpers import T0, accepted, after, at, claim_at, deploy, log_manifest, stuck_in_requested_cancellation
@@ -124,7 +125,7 @@ def test_it_resets_each_expired_assignment_once(org: Organization, big_group: Ru
     for _ in runs:
         claim_at(big_group, T0)
     now = after(T0, "assignment_ttl", 1)
-    mode.prepare(reapers._EXPIRED_ASSIGNMENTS_SQL, {"now": now})
+    mode.prepare(reaper_sql.EXPIRED_ASSIGNMENTS, {"now": now})
 
     results = race(lambda: reapers.reset_expired_assignments(now=now))
 
@@ -140,7 +141,7 @@ def test_it_times_out_each_run_once_and_promotes_each_lane_once(org: Organizatio
     runs = [deploy(s, now=T0) for s in lanes]
     queued = [deploy(s, now=at(1)) for s in lanes]
     now = after(T0, "runner_startup_deadline", 1)
-    mode.prepare(reapers._STARTUP_DEADLINE_SQL, {"now": now, "deadline": _ago("runner_startup_deadline", now)})
+    mode.prepare(reaper_sql.STARTUP_DEADLINE, {"now": now, "deadline": _ago("runner_startup_deadline", now)})
 
     results = race(lambda: reapers.startup_deadline(now=now))
 
@@ -155,7 +156,7 @@ def test_it_cancels_each_stuck_run_once(org: Organization, mode: Mode) -> None:
     for run in runs:
         stuck_in_requested_cancellation(run)
     now = at(1)
-    mode.prepare(reapers._CANCELLATION_BACKSTOP_SQL, {"now": now})
+    mode.prepare(reaper_sql.CANCELLATION_BACKSTOP, {"now": now})
 
     results = race(lambda: reapers.cancellation_backstop(now=now))
 
@@ -172,7 +173,7 @@ def test_it_reaps_each_inactive_runner_once(org: Organization, big_group: Runner
         deploy(s, now=T0)
         stubs.append(claim_at(big_group, T0).runner_id)
     now = after(T0, "runner_execution_timeout", 10)
-    mode.prepare(reapers._SILENT_RUNNERS_SQL, {"silent_before": _ago("runner_execution_timeout", now)})
+    mode.prepare(reaper_sql.SILENT_RUNNERS, {"silent_before": _ago("runner_execution_timeout", now)})
 
     results = race(lambda: reapers.inactive_runners(now=now))
 

@@ -33,13 +33,20 @@ from django.db import transaction
 
 from gantry.core import tokens
 from gantry.core.errors import NotFound, OidcClaimsMismatch, OidcExchangeUsed, RunnerHoldsRun
-from gantry.core.models import EXECUTING, NEVER_STARTED, GroupKind, Run, Runner, RunnerGroup, RunnerStatus, RunStatus
+from gantry.core.models import (
+    EXECUTING,
+    NEVER_STARTED,
+    STOPPING,
+    GroupKind,
+    Run,
+    Runner,
+    RunnerGroup,
+    RunnerStatus,
+    RunStatus,
+)
 from gantry.core.services.runners import dispatch_failed, runner_deregister
 from gantry.core.services.runs import fail_executing_run, run_finish
 from gantry.core.services.transitions import resolve_now
-
-# A run its user asked to stop, whose runner has not finished stopping it.
-STOPPING = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 
 
 def github_runner_dispatched(

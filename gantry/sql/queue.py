@@ -1,0 +1,148 @@
+"""The queue's reads (gantry.dispatch.queue, gantry.dispatch.demand): waiting runs, groups, demand counts.
+
+Each is a fixed handful of statements whose cost is bounded whatever the
+backlog (docs/queue.md): a page reads index ranges, a count stops at
+:data:`COUNT_CAP`. Sent by Django's cursor, ``%(name)s`` parameters.
+"""
+
+from __future__ import annotations
+
+from gantry.core.models import LANE_HOLDERS, RUNNER_BOUND, WAITING, RunStatus
+from gantry.sql import literals
+
+# ---------------------------------------------------------------- the waiting runs (gantry.dispatch.queue)
+
+
+def _status_range(status: str) -> str:
+    # One index range of run_waiting_idx; the status is a literal so the
+    # planner matches the partial index's predicate.
+    return f"""(SELECT id, created_at FROM run
+        WHERE organization_id = %(org_id)s AND status = '{status}'
+          AND (created_at, id) > (%(after_at)s, %(after_id)s)
+        ORDER BY created_at, id LIMIT %(limit)s)"""
+
+
+# A page of an org's waiting runs after (%(after_at)s, %(after_id)s): one range
+# of run_waiting_idx per status, merged in (created_at, id) order and cut at
+# the page's end.
+_PAGE_CTE = f"""
+WITH page AS (
+    {_status_range(RunStatus.QUEUED)}
+    UNION ALL {_status_range(RunStatus.PENDING)}
+    UNION ALL {_status_range(RunStatus.ASSIGNED)}
+    ORDER BY created_at, id LIMIT %(limit)s
+)
+"""
+# Some runs by id (%(run_ids)s), those still waiting.
+_RUNS_CTE = f"""
+WITH page AS (
+    SELECT id, created_at FROM run WHERE id = ANY(%(run_ids)s) AND status IN ({literals(WAITING)})
+)
+"""
+# The page's runs joined with the stack, the selector, the runner a run points
+# at, and a queued run's lane holder (a probe of the one-lane-holder unique index).
+_WAITING = f"""
+SELECT r.id, r.status, r.stack_id, st.name, r.deployment_id, r.created_at, r.first_pending_at,
+       r.selector_id, sel.selector, r.assigned_runner_id, r.assigned_expires_at,
+       ru.status, ru.created_at, COALESCE(ru.last_seen_at, ru.accepted_at),
+       CASE WHEN r.status = '{RunStatus.QUEUED}' THEN (
+           SELECT h.id FROM run h WHERE h.stack_id = r.stack_id AND h.status IN ({literals(LANE_HOLDERS)})
+       ) END
+FROM page p
+JOIN run r ON r.id = p.id
+JOIN stack st ON st.id = r.stack_id
+JOIN run_selector sel ON sel.id = r.selector_id
+LEFT JOIN runner ru ON ru.id = r.assigned_runner_id
+ORDER BY r.created_at, r.id
+"""
+WAITING_PAGE = _PAGE_CTE + _WAITING
+WAITING_RUNS = _RUNS_CTE + _WAITING
+
+# Runner groups, each with the org's selectors it serves: the claim's matching
+# rule (gantry.sql.claim, CTE "sel"), per group. {where} is :func:`groups`'.
+_GROUPS = """
+SELECT g.id, g.organization_id, g.name, g.kind, g.labels, g.max_concurrent_runs, g.runner_count, g.drained,
+       g.last_polled_at, g.last_dispatch_error, g.last_dispatch_error_at,
+       COALESCE(array_agg(s.id) FILTER (WHERE s.id IS NOT NULL), '{{}}')
+FROM runner_group g
+JOIN organization o ON o.id = g.organization_id
+LEFT JOIN run_selector s ON s.organization_id = g.organization_id AND s.selector <@ g.labels
+     AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL OR o.default_runner_group_id = g.id)
+{where}
+GROUP BY g.id
+ORDER BY g.organization_id, g.name, g.id
+"""
+# The filters :func:`groups` may add, by the parameter each takes.
+_GROUP_FILTERS = {"org_id": "g.organization_id = %(org_id)s", "group_id": "g.id = %(group_id)s"}
+
+
+def groups(*by: str) -> str:
+    """The groups statement, filtered by the parameters ``by`` names (``org_id``, ``group_id``); all groups by none."""
+    where = f"WHERE {' AND '.join(_GROUP_FILTERS[name] for name in by)}" if by else ""
+    return _GROUPS.format(where=where)
+
+
+# ---------------------------------------------------------------- demand (gantry.dispatch.demand)
+
+# A count stops here: past ten thousand waiting runs of one selector an
+# autoscaler has nothing finer to learn, and the scrape stays cheap at any
+# queue size. A literal in the statements, not a parameter.
+COUNT_CAP = 10_000
+
+
+def _unbound_pending(and_selector: str) -> str:
+    # Per selector, the pending runs no runner holds, counted over at most
+    # COUNT_CAP rows of run_claimable_idx: its predicate, with the status as
+    # one literal so the planner matches it.
+    return f"""
+SELECT s.id, s.organization_id, s.selector, c.n FROM run_selector s
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM run r
+        WHERE r.organization_id = s.organization_id AND r.selector_id = s.id
+          AND r.status = '{RunStatus.PENDING}' AND r.assigned_runner_id IS NULL
+        LIMIT {COUNT_CAP}
+    ) x
+) c
+WHERE c.n > 0 {and_selector}
+"""
+
+
+UNBOUND_PENDING = _unbound_pending("")
+# The same for the selectors %(ids)s only (one group's).
+UNBOUND_PENDING_OF_SELECTORS = _unbound_pending("AND s.id = ANY(%(ids)s)")
+
+
+def _capped(status: str) -> str:
+    # One range of run_waiting_idx, the status a literal for its predicate.
+    return f"""(SELECT count(*) FROM (SELECT 1 FROM run r WHERE r.organization_id = o.id AND r.status = '{status}'
+        LIMIT {COUNT_CAP}) x)"""
+
+
+# Per org: queued and assigned runs, each counted over at most COUNT_CAP rows
+# of run_waiting_idx, and pending runs still pointing at a runner, counted
+# from the (small) runner table.
+ORG_COUNTS = f"""
+SELECT o.id, o.slug, o.runs_per_hour_limit, o.dispatch_throttled_until,
+       {_capped(RunStatus.QUEUED)}, {_capped(RunStatus.ASSIGNED)},
+       (SELECT count(*) FROM runner ru JOIN runner_group g ON g.id = ru.runner_group_id
+        JOIN run r ON r.assigned_runner_id = ru.id
+        WHERE g.organization_id = o.id AND r.status = '{RunStatus.PENDING}')
+FROM organization o
+ORDER BY o.slug
+"""
+
+
+def _running(where: str) -> str:
+    # Per group, the runs bound to its runners (assigned or executing), from the runner table.
+    return f"""
+SELECT ru.runner_group_id, count(*) FROM runner ru
+JOIN run r ON r.assigned_runner_id = ru.id AND r.status IN ({literals(RUNNER_BOUND)})
+{where}
+GROUP BY ru.runner_group_id
+"""
+
+
+RUNNING_BY_GROUP = _running("")
+# The same for the group %(group_id)s only.
+RUNNING_OF_GROUP = _running("WHERE ru.runner_group_id = %(group_id)s")
