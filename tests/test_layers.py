@@ -182,13 +182,6 @@ _STATEMENT = re.compile(
     r"|CREATE (DATABASE|TABLE|INDEX)\s|ALTER TABLE\s|DROP (TABLE|INDEX)\s|SET (TIME ZONE|LOCAL|SESSION)\s)"
 )
 _SQL_HOME = "gantry/sql/"
-# Raw SQL still outside gantry/sql, only until another branch (the fast lane's
-# and the long poll's SQL) moves it there. Exactly these files, each while it
-# still holds some: drop a file here once its SQL has moved. (That branch's
-# gantry/api/fastlane.py holds none this check sees, so it is not listed.)
-_SQL_MOVED_ELSEWHERE = frozenset(
-    {"gantry/asgi.py", "gantry/dispatch/asyncpoll.py", "gantry/dispatch/longpoll.py", "gantry/api/lanedb.py"}
-)
 
 
 def _string_constants(tree: ast.AST) -> Iterator[ast.Constant]:
@@ -222,18 +215,13 @@ def test_the_statements_are_found() -> None:
 
 def test_raw_sql_lives_in_gantry_sql() -> None:
     """Every raw SQL statement of the server is in gantry/sql/ (or a migration), named once (issue 22)."""
-    found, elsewhere = [], set()
+    found = []
     for path in _sources("gantry"):  # the migrations left out
         rel = str(path.relative_to(ROOT))
         if rel.startswith(_SQL_HOME):
             continue
-        for line, keyword in _statements(ast.parse(path.read_text())):
-            if rel in _SQL_MOVED_ELSEWHERE:
-                elsewhere.add(rel)
-            else:
-                found.append(f"{rel}:{line} {keyword}")
+        found += [f"{rel}:{line} {keyword}" for line, keyword in _statements(ast.parse(path.read_text()))]
     assert found == []
-    assert elsewhere == _SQL_MOVED_ELSEWHERE, "a file whose SQL has moved: drop it from _SQL_MOVED_ELSEWHERE"
 
 
 def test_only_the_statement_mechanism_prepares() -> None:

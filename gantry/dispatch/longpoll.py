@@ -36,14 +36,13 @@ from django.conf import settings
 from django.db import connection, connections
 from psycopg.conninfo import make_conninfo
 
-from gantry.core.services import NOTIFY_CHANNEL
+from gantry.sql.claim import FOLLOW_CHANNEL, LISTEN, TRY_LEAD
 
 log = logging.getLogger("gantry.longpoll")
 
 # Upper bound on how late a lost notification can make a parked poll.
 RECHECK_SECONDS = 5.0
-# The leader hands a NOTIFY on here when it has no parked poll of that org to wake.
-FOLLOW_CHANNEL = "gantry_claimable_follow"
+# The leader hands a NOTIFY on to FOLLOW_CHANNEL when it has no parked poll of that org to wake.
 # The advisory lock whose holder is the long-poll leader ("gantry-lp" in ASCII, as a bigint).
 LEADER_LOCK = 0x67616E7472796C70
 
@@ -127,8 +126,7 @@ class ClaimableListener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    conn.execute(f"LISTEN {FOLLOW_CHANNEL}")
+                    conn.execute(LISTEN)
                     with self._cond:
                         # Anything sent while we were not listening is lost: wake all.
                         self._epoch += 1
@@ -140,7 +138,7 @@ class ClaimableListener:
                         if self.wants_lead and not self.leader:
                             # Held as long as this session lives: when the leader's
                             # process goes, another listener takes it within a second.
-                            row = conn.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_LOCK]).fetchone()
+                            row = conn.execute(TRY_LEAD, [LEADER_LOCK]).fetchone()
                             self.leader = bool(row and row[0])
                         # A bounded wait only so close() is noticed; notifications
                         # arriving between two calls are kept by the connection.

@@ -49,6 +49,7 @@ from gantry import conf  # noqa: E402
 from gantry.api.runner_views import ClaimSerializer  # noqa: E402
 from gantry.dispatch import longpoll  # noqa: E402
 from gantry.server import asyncpoll, lane, lanedb  # noqa: E402
+from gantry.sql import claim as claim_sql  # noqa: E402
 
 _conf = conf.server()
 # The lane's one-statement calls (status, ready, accept, done, deregister) on
@@ -141,7 +142,7 @@ def _wake_attempt(group: Any, parked: Answer) -> Answer | None:
 def _notify_followers(org_id: int) -> None:
     try:
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_notify(%s, %s)", [longpoll.FOLLOW_CHANNEL, str(org_id)])
+            cur.execute(claim_sql.NOTIFY, [claim_sql.FOLLOW_CHANNEL, str(org_id)])
     finally:
         connection.close()
 

@@ -57,6 +57,7 @@ from prometheus_client import Counter, Gauge
 
 from gantry import conf, metrics
 from gantry.dispatch import longpoll
+from gantry.sql import claim as claim_sql
 
 log = logging.getLogger("gantry.asyncpoll")
 
@@ -69,7 +70,7 @@ CREDIT_SECONDS = 5.0
 # again 1-2 times this long after a NOTIFY, by when the leader's waiter has claimed.
 FOLLOWER_DELAY = 0.5
 # Cap of the run estimate per group (the query reads no further).
-ESTIMATE_CAP = 64
+ESTIMATE_CAP = claim_sql.CLAIMABLE_ESTIMATE_CAP
 
 FIRST, WAKE, SHUTDOWN = "first", "wake", "shutdown"
 
@@ -132,27 +133,6 @@ def deferred_of(meta: Any) -> Deferred | None:
 
 # ---------------------------------------------------------------- what could claim now
 
-_CLAIMABLE_SQL = f"""
-SELECT g.id, g.organization_id,
-       LEAST(g.max_concurrent_runs - g.runner_count, (
-           SELECT count(*) FROM (
-               SELECT 1 FROM run_selector s CROSS JOIN LATERAL (
-                   SELECT 1 FROM run r
-                   WHERE r.organization_id = s.organization_id AND r.selector_id = s.id
-                     AND r.status = 'pending' AND r.assigned_runner_id IS NULL
-                   LIMIT {ESTIMATE_CAP}
-               ) x
-               WHERE s.organization_id = g.organization_id AND s.selector <@ g.labels
-                 AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL
-                      OR o.default_runner_group_id = g.id)
-               LIMIT {ESTIMATE_CAP}
-           ) y
-       ))
-FROM runner_group g JOIN organization o ON o.id = g.organization_id
-WHERE g.id = ANY(%s) AND NOT g.drained AND g.runner_count < g.max_concurrent_runs
-  AND (o.dispatch_throttled_until IS NULL OR o.dispatch_throttled_until <= now())
-"""
-
 
 def claimable_counts(group_ids: list[int]) -> dict[int, tuple[int, int]]:
     """{group id: (org id, about how many runs it could claim now)} for the groups that could claim one.
@@ -166,7 +146,7 @@ def claimable_counts(group_ids: list[int]) -> dict[int, tuple[int, int]]:
         return {}
     try:
         with connection.cursor() as cur:
-            cur.execute(_CLAIMABLE_SQL, [group_ids])
+            cur.execute(claim_sql.CLAIMABLE_COUNTS, {"groups": group_ids})
             rows = cur.fetchall()
     finally:
         connection.close()  # back to the pool: nothing parks holding it

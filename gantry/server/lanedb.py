@@ -27,11 +27,11 @@ from typing import Any
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from gantry import conf
 from gantry.core import pool_check
+from gantry.sql.session import set_time_zone
 
 # This loop's open pool (the fast path), and the task opening it (the first calls wait for it).
 _ready: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
@@ -57,7 +57,7 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # that zone, as Django's own init_connection_state makes it.
     zone = connections[DEFAULT_DB_ALIAS].timezone_name
     if conn.info.parameter_status("TimeZone") != zone:
-        await conn.execute(sql.SQL("SET TIME ZONE {}").format(sql.Literal(zone)))
+        await conn.execute(set_time_zone(zone))
 
 
 async def _check(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -44,6 +44,41 @@ from gantry.core.models import GroupKind, RunnerStatus, RunStatus
 from gantry.sql.runs import ASSIGN, effects, set_clause
 from gantry.sql.statement import named
 
+# ---------------------------------------------------------------- what may be claimed, written once
+#
+# The claim, the long poll's estimate of what a group could claim
+# (:data:`CLAIMABLE_COUNTS`), the backend dispatcher's candidates and the
+# queue's group matching (gantry.sql.dispatcher, gantry.sql.queue) all build
+# their statements from these three rules.
+
+
+def claimable(run: str) -> str:
+    """SQL: the run (alias ``run``) is claimable: pending and bound to no live runner.
+
+    Written as run_claimable_idx's own predicate (the status one literal), so
+    a probe by (organization, selector) uses that partial index.
+    """
+    return f"{run}.status = '{RunStatus.PENDING}' AND {run}.assigned_runner_id IS NULL"
+
+
+def has_room(group: str) -> str:
+    """SQL: the group (alias ``group``) may take a run: not drained, a slot free (``runner_count``, decision 2)."""
+    return f"NOT {group}.drained AND {group}.runner_count < {group}.max_concurrent_runs"
+
+
+def serves(selector: str, *, labels: str, group_id: str, default_group: str) -> str:
+    """SQL: the group (its ``labels`` and ``group_id``) serves the run selector row ``selector``.
+
+    Every pair of the selector is among the group's labels; an empty selector
+    goes to the org's default group (``default_group``), or to any group when
+    the org has none.
+    """
+    return (
+        f"{selector}.selector <@ {labels} AND ({selector}.selector <> '{{}}'::jsonb "
+        f"OR {default_group} IS NULL OR {default_group} = {group_id})"
+    )
+
+
 # Candidates read per matching selector. With k concurrent pollers on one
 # selector, a top-1 probe answers empty while work exists most of the time
 # (each poller sees the same locked head); 32 measured no false empties at 8
@@ -77,7 +112,7 @@ held AS (
 eligible AS (
     -- runner_count comes from the locked, latest row version.
     SELECT grp.id, grp.labels FROM grp JOIN held ON TRUE
-    WHERE NOT grp.drained AND grp.runner_count < grp.max_concurrent_runs
+    WHERE {has_room("grp")}
       -- A token taken ahead at this rate: a rate changed since claims nothing
       -- here (the caller claims again the ordinary way). NULL: not checked.
       AND (%(rate)s::integer IS NULL OR EXISTS (
@@ -88,18 +123,14 @@ sel AS (
     JOIN eligible e ON TRUE
     JOIN organization o ON o.id = s.organization_id
     WHERE s.organization_id = %(org)s::bigint
-      AND s.selector <@ e.labels
-      -- an empty selector goes to the org's default group, or anywhere without one
-      AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL OR o.default_runner_group_id = e.id)
+      AND {serves("s", labels="e.labels", group_id="e.id", default_group="o.default_runner_group_id")}
 ),
 candidate AS (
-    -- The index's own predicate, written as it is (so the probe uses it);
     -- first_pending_at comes out of the index with the id, so the candidates
     -- are ordered before they touch the run table.
     SELECT c.id, c.first_pending_at FROM sel CROSS JOIN LATERAL (
         SELECT r.id, r.first_pending_at FROM run r
-        WHERE r.organization_id = %(org)s::bigint AND r.selector_id = sel.id
-          AND r.status = '{RunStatus.PENDING}' AND r.assigned_runner_id IS NULL
+        WHERE r.organization_id = %(org)s::bigint AND r.selector_id = sel.id AND {claimable("r")}
         ORDER BY r.first_pending_at, r.id
         LIMIT {CANDIDATES_PER_SELECTOR}
     ) c
@@ -150,3 +181,35 @@ FROM moved JOIN organization o ON o.id = %(org)s::bigint
 # on run and runner (migration 0004) notify it when a run becomes claimable.
 NOTIFY_CHANNEL = "gantry_claimable"
 NOTIFY = "SELECT pg_notify(%s, %s)"
+
+# About how many runs each of the groups ``%(groups)s`` could claim now, for the
+# groups that could claim one (gantry.server.asyncpoll: whom a NOTIFY wakes):
+# the claim's own rules, read without locking anything, at most
+# CLAIMABLE_ESTIMATE_CAP runs per selector. A throttled org's groups are left
+# out until its next refill.
+CLAIMABLE_ESTIMATE_CAP = 64
+CLAIMABLE_COUNTS = f"""
+SELECT g.id, g.organization_id,
+       LEAST(g.max_concurrent_runs - g.runner_count, (
+           SELECT count(*) FROM (
+               SELECT 1 FROM run_selector s CROSS JOIN LATERAL (
+                   SELECT 1 FROM run r
+                   WHERE r.organization_id = s.organization_id AND r.selector_id = s.id AND {claimable("r")}
+                   LIMIT {CLAIMABLE_ESTIMATE_CAP}
+               ) x
+               WHERE s.organization_id = g.organization_id
+                 AND {serves("s", labels="g.labels", group_id="g.id", default_group="o.default_runner_group_id")}
+               LIMIT {CLAIMABLE_ESTIMATE_CAP}
+           ) y
+       ))
+FROM runner_group g JOIN organization o ON o.id = g.organization_id
+WHERE g.id = ANY(%(groups)s) AND {has_room("g")}
+  AND (o.dispatch_throttled_until IS NULL OR o.dispatch_throttled_until <= now())
+"""
+
+# The long poll's listener (gantry.dispatch.longpoll): the channels it listens
+# on, and the advisory lock whose holder leads (wakes the parked polls of
+# orgs another process has none of).
+FOLLOW_CHANNEL = "gantry_claimable_follow"
+LISTEN = f"LISTEN {NOTIFY_CHANNEL}; LISTEN {FOLLOW_CHANNEL}"
+TRY_LEAD = "SELECT pg_try_advisory_lock(%s)"

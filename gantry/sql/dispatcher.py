@@ -7,8 +7,9 @@ None of these is on a runner's hot path: they are sent by Django's cursor,
 
 from __future__ import annotations
 
-from gantry.core.models import RUNNER_NOT_ACCEPTED, STOPPING, GroupKind, RunnerStatus, RunStatus
+from gantry.core.models import RUNNER_NOT_ACCEPTED, STOPPING, GroupKind, RunnerStatus
 from gantry.sql import literals
+from gantry.sql.claim import claimable, has_room, serves
 from gantry.sql.runners import holds_run
 
 _GITHUB = f"'{GroupKind.GITHUB_ACTIONS}'"
@@ -18,9 +19,8 @@ _GITHUB = f"'{GroupKind.GITHUB_ACTIONS}'"
 # A bounded batch of pending runs github_actions groups could take now, oldest
 # first, each org within its room (the module docstring of
 # gantry.dispatch.candidates says why each clause is there). The runs are found
-# the claim's way: one probe of run_claimable_idx per servable selector, so
-# ``status = 'pending' AND assigned_runner_id IS NULL`` is written as that
-# partial index's predicate (one literal, never a parameter or a list).
+# the claim's way, by the claim's rules (gantry.sql.claim): one probe of
+# run_claimable_idx per servable selector.
 CANDIDATES = f"""
 WITH org_load AS (
     -- In flight: every runner row of the org's github_actions groups, drained or full ones too.
@@ -38,19 +38,17 @@ grp AS (
     FROM runner_group g
     JOIN org_load l ON l.org_id = g.organization_id
     JOIN organization o ON o.id = g.organization_id
-    WHERE g.kind = {_GITHUB} AND NOT g.drained AND g.runner_count < g.max_concurrent_runs
+    WHERE g.kind = {_GITHUB} AND {has_room("g")}
       AND l.in_flight < l.cap
 ),
 cand AS (
     SELECT c.id, c.first_pending_at, grp.organization_id, grp.room, array_agg(grp.id ORDER BY grp.id) AS groups
     FROM grp
-    JOIN run_selector s ON s.organization_id = grp.organization_id AND s.selector <@ grp.labels
-        -- an empty selector goes to the org's default group, or anywhere without one
-        AND (s.selector <> '{{}}'::jsonb OR grp.default_runner_group_id IS NULL OR grp.default_runner_group_id = grp.id)
+    JOIN run_selector s ON s.organization_id = grp.organization_id
+        AND {serves("s", labels="grp.labels", group_id="grp.id", default_group="grp.default_runner_group_id")}
     CROSS JOIN LATERAL (
         SELECT r.id, r.first_pending_at FROM run r
-        WHERE r.organization_id = grp.organization_id AND r.selector_id = s.id
-          AND r.status = '{RunStatus.PENDING}' AND r.assigned_runner_id IS NULL
+        WHERE r.organization_id = grp.organization_id AND r.selector_id = s.id AND {claimable("r")}
         ORDER BY r.first_pending_at, r.id
         LIMIT grp.take
     ) c

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gantry.core.models import LANE_HOLDERS, RUNNER_BOUND, WAITING, RunStatus
 from gantry.sql import literals
+from gantry.sql.claim import claimable, serves
 
 # ---------------------------------------------------------------- the waiting runs (gantry.dispatch.queue)
 
@@ -58,28 +59,28 @@ ORDER BY r.created_at, r.id
 WAITING_PAGE = _PAGE_CTE + _WAITING
 WAITING_RUNS = _RUNS_CTE + _WAITING
 
-# Runner groups, each with the org's selectors it serves: the claim's matching
-# rule (gantry.sql.claim, CTE "sel"), per group. {where} is :func:`groups`'.
-_GROUPS = """
-SELECT g.id, g.organization_id, g.name, g.kind, g.labels, g.max_concurrent_runs, g.runner_count, g.drained,
-       g.last_polled_at, g.last_dispatch_error, g.last_dispatch_error_at,
-       COALESCE(array_agg(s.id) FILTER (WHERE s.id IS NOT NULL), '{{}}')
-FROM runner_group g
-JOIN organization o ON o.id = g.organization_id
-LEFT JOIN run_selector s ON s.organization_id = g.organization_id AND s.selector <@ g.labels
-     AND (s.selector <> '{{}}'::jsonb OR o.default_runner_group_id IS NULL OR o.default_runner_group_id = g.id)
-{where}
-GROUP BY g.id
-ORDER BY g.organization_id, g.name, g.id
-"""
 # The filters :func:`groups` may add, by the parameter each takes.
 _GROUP_FILTERS = {"org_id": "g.organization_id = %(org_id)s", "group_id": "g.id = %(group_id)s"}
 
 
 def groups(*by: str) -> str:
-    """The groups statement, filtered by the parameters ``by`` names (``org_id``, ``group_id``); all groups by none."""
+    """Runner groups, each with the org's selectors it serves (the claim's rule, gantry.sql.claim.serves).
+
+    Filtered by the parameters ``by`` names (``org_id``, ``group_id``); all groups by none.
+    """
     where = f"WHERE {' AND '.join(_GROUP_FILTERS[name] for name in by)}" if by else ""
-    return _GROUPS.format(where=where)
+    return f"""
+SELECT g.id, g.organization_id, g.name, g.kind, g.labels, g.max_concurrent_runs, g.runner_count, g.drained,
+       g.last_polled_at, g.last_dispatch_error, g.last_dispatch_error_at,
+       COALESCE(array_agg(s.id) FILTER (WHERE s.id IS NOT NULL), '{{}}')
+FROM runner_group g
+JOIN organization o ON o.id = g.organization_id
+LEFT JOIN run_selector s ON s.organization_id = g.organization_id
+     AND {serves("s", labels="g.labels", group_id="g.id", default_group="o.default_runner_group_id")}
+{where}
+GROUP BY g.id
+ORDER BY g.organization_id, g.name, g.id
+"""
 
 
 # ---------------------------------------------------------------- demand (gantry.dispatch.demand)
@@ -99,8 +100,7 @@ SELECT s.id, s.organization_id, s.selector, c.n FROM run_selector s
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM run r
-        WHERE r.organization_id = s.organization_id AND r.selector_id = s.id
-          AND r.status = '{RunStatus.PENDING}' AND r.assigned_runner_id IS NULL
+        WHERE r.organization_id = s.organization_id AND r.selector_id = s.id AND {claimable("r")}
         LIMIT {COUNT_CAP}
     ) x
 ) c
