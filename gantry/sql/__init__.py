@@ -4,7 +4,8 @@
 - ``rows`` — model instances from rows, without the ORM's query building
 - ``runs`` — every change of a run's status: one builder, one definition of each effect
 - ``runners`` — runner rows: ready, the heartbeat, deregister, holding a run, the sweeps' reads
-- ``claim`` — the poll's one-statement claim
+- ``claim`` — the poll's one-statement claim, the rules of what may be claimed (``claimable``, ``has_room``,
+  ``serves``) that the long poll, the dispatcher and the queue compose too, and the long poll's LISTEN
 - ``auth`` — authentication's reads: a token's group, a runner's row
 - ``logs`` — the live push's check; what a log flush reads and records
 - ``queue`` — the queue's reads: waiting runs, groups with their selectors, demand counts
@@ -12,6 +13,7 @@
 - ``reapers`` — the reapers' selections, the stub and runner deletes, the queued flushes
 - ``retention`` — the retention scan, its delete and the log-purge outbox
 - ``ops`` — readiness's probe
+- ``session`` — session settings for connections Django does not set up (the lane's pool)
 - ``bootstrap`` — the embedded PostgreSQL's, read before Django's settings exist (imports neither Django
   nor gantry.core, so neither may this package's ``__init__``)
 
