@@ -420,29 +420,28 @@ def _report_swallowed(exc: BaseException | None) -> None:
         raise ServiceInUnitTest("\n".join(violations)) from exc
 
 
+def _reporting_swallowed() -> Iterator[None]:
+    """A hook wrapper's body: the phase runs, then any connection it swallowed is reported."""
+    try:
+        result = yield
+    except BaseException as exc:
+        _report_swallowed(exc)
+        raise
+    _report_swallowed(None)
+    return result
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     global _unit_test
     # Armed before any fixture (a session fixture a unit test is the first to ask for included).
     _unit_test = item.nodeid if in_unit_tier(item) else None
-    try:
-        result = yield
-    except BaseException as exc:
-        _report_swallowed(exc)
-        raise
-    _report_swallowed(None)
-    return result
+    return (yield from _reporting_swallowed())
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    try:
-        result = yield
-    except BaseException as exc:
-        _report_swallowed(exc)
-        raise
-    _report_swallowed(None)
-    return result
+    return (yield from _reporting_swallowed())
 
 
 @pytest.fixture(autouse=True)
