@@ -32,9 +32,9 @@ from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS
 from gantry.reapers import reconcile
 from gantry.server import asyncpoll
+from gantry_wire.protocol import RECONCILE_MAX_WORKERS
 
 # A reconcile report's bounds: workers per call, and an exited worker's last lines.
-RECONCILE_MAX_WORKERS = 1000
 RECONCILE_MAX_LINES = 50
 RECONCILE_MAX_LINE = 1000
 

@@ -42,7 +42,7 @@ from django.db import connection
 
 from gantry import conf
 from gantry.core.errors import InvalidRequest
-from gantry.core.models import GroupKind, Organization, RunnerStatus, RunStatus
+from gantry.core.models import RUNNER_NOT_ACCEPTED, GroupKind, Organization, RunStatus
 from gantry.dispatch import throttle
 from gantry.dispatch.candidates import InFlight, org_in_flight
 from gantry.sql import queue as sql
@@ -202,7 +202,7 @@ def runner_booting(s: Situation) -> Reason | None:
 def reaped_after(run: WaitingRun) -> datetime | None:
     """When the inactive-runner reaper may delete the runner ``run`` points at (its next sweep after this)."""
     cfg = conf.get()
-    if run.runner_status in (RunnerStatus.NOT_READY, RunnerStatus.READY) and run.runner_created_at:
+    if run.runner_status in RUNNER_NOT_ACCEPTED and run.runner_created_at:
         # A stub (never accepted) ages from its creation (reapers.inactive_runners).
         return run.runner_created_at + timedelta(seconds=cfg.stub_cutoff)
     seen = run.runner_last_seen or run.runner_created_at
