@@ -415,8 +415,8 @@ def demo_stack_id(base_url: str, token: str) -> int | None:
 def print_banner(
     base_url: str, username: str, password: str | None, token: str | None, stack_id: int | None, embedded: bool
 ) -> None:
-    auth = f"Authorization: Token {token or '<api token: manage.py drf_create_token ' + username + '>'}"
-    shown_password = password or "(set earlier; change it with: python manage.py changepassword " + username + ")"
+    auth = f"Authorization: Token {token or '<api token: python3 dev.py manage drf_create_token ' + username + '>'}"
+    shown_password = password or "(set earlier; change it with: python3 dev.py manage changepassword " + username + ")"
     stack = stack_id if stack_id is not None else "<stack id>"
     stop = " (the embedded PostgreSQL and Redis keep running: python3 dev.py stop)" if embedded else ""
     print(
