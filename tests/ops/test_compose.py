@@ -153,6 +153,12 @@ def test_every_long_running_service_has_a_healthcheck_the_others_wait_on(resolve
             test = service.get("healthcheck", {}).get("test")
             assert test, f"{name} has no healthcheck"
             assert not service["healthcheck"].get("disable"), name
+            assert test[0] in ("CMD", "CMD-SHELL"), f"{name}: {test}"
+            assert " ".join(test[1:]).strip() not in ("true", "exit 0", ":"), f"{name}'s healthcheck cannot fail"
+        # The coordinator's check asks the address its health server listens on (docs/runners.md).
+        coordinator = long_running["coordinator"]
+        port = coordinator["environment"]["GANTRY_COORDINATOR_HEALTH_ADDR"].rpartition(":")[2]
+        assert f"http://127.0.0.1:{port}/healthz" in " ".join(coordinator["healthcheck"]["test"])
         for name, service in spec["services"].items():
             for needed, how in service.get("depends_on", {}).items():
                 wanted = "service_healthy" if needed in long_running else "service_completed_successfully"
