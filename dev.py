@@ -12,6 +12,8 @@ anything is installed. It keeps a virtualenv in ``.venv`` in step with
     python3 dev.py test [ARGS]    pytest; ARGS go to pytest (e.g. -k poll, -x, tests/ops)
     python3 dev.py check          ruff check, ruff format --check, mypy, makemigrations --check
     python3 dev.py setup          only create .venv and install requirements-dev.txt
+    python3 dev.py manage ARGS    manage.py ARGS with the environment `run` gives its processes (the embedded
+                                  databases unless DATABASE_URL / REDIS_URL are set), e.g. manage help
     python3 dev.py runner-image [--base IMAGE] [--tag TAG]
                                   build the Docker launcher's runner image (runners/Dockerfile; default
                                   base python:3.11-slim, tag gantry-runner:local)
@@ -192,6 +194,12 @@ def cmd_check(args: Sequence[str]) -> int:
         return 1
     print("check passed")
     return 0
+
+
+def cmd_manage(args: Sequence[str]) -> int:
+    """``manage.py ARGS`` in the venv with ``run``'s environment; its exit status, unchanged."""
+    python = ensure_venv()
+    return subprocess.run([str(python), "manage.py", *args], cwd=ROOT, env=venv_env()).returncode
 
 
 def cmd_setup(args: Sequence[str]) -> int:
@@ -407,8 +415,8 @@ def demo_stack_id(base_url: str, token: str) -> int | None:
 def print_banner(
     base_url: str, username: str, password: str | None, token: str | None, stack_id: int | None, embedded: bool
 ) -> None:
-    auth = f"Authorization: Token {token or '<api token: manage.py drf_create_token ' + username + '>'}"
-    shown_password = password or "(set earlier; change it with: python manage.py changepassword " + username + ")"
+    auth = f"Authorization: Token {token or '<api token: python3 dev.py manage drf_create_token ' + username + '>'}"
+    shown_password = password or "(set earlier; change it with: python3 dev.py manage changepassword " + username + ")"
     stack = stack_id if stack_id is not None else "<stack id>"
     stop = " (the embedded PostgreSQL and Redis keep running: python3 dev.py stop)" if embedded else ""
     print(
@@ -644,6 +652,7 @@ COMMANDS = {
     "test": cmd_test,
     "check": cmd_check,
     "setup": cmd_setup,
+    "manage": cmd_manage,
     "stop": cmd_stop,
     "runner-image": cmd_runner_image,
 }

@@ -37,6 +37,18 @@ def data_dir() -> Path:
     return path
 
 
+def already_here() -> bool:
+    """Whether the data folder already holds the embedded PostgreSQL (an earlier development start made it).
+
+    Settings take that as the development path: in a checkout where ``dev.py run``
+    ran, ``manage.py`` reaches the same databases with nothing set. Nothing is
+    created here, so a production host missing ``DATABASE_URL`` (no such folder)
+    is still refused.
+    """
+    # PG_VERSION is written by initdb, so a folder left half-made by a failed start does not count.
+    return (conf.data_dir() / "postgres" / "PG_VERSION").is_file()
+
+
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     # Several processes (web, worker, coordinator) may boot at once; one starts

@@ -24,6 +24,23 @@ _env = conf.django()
 DEBUG = _env.debug
 
 
+# The embedded PostgreSQL and Redis (gantry/embedded.py) are the development
+# path: `dev.py` sets GANTRY_EMBEDDED=1, a data folder that already holds them
+# is a checkout where `dev.py run` ran (so `manage.py` there needs nothing set),
+# the test suite runs under pytest, mypy's Django plugin loads these settings,
+# and DEBUG is a developer's switch. A production server missing DATABASE_URL or
+# REDIS_URL must stop here, not quietly boot databases of its own in a folder;
+# checked before the secret key below, so a refused start writes nothing.
+# manage.py prints this message as one line (exit 2).
+if not (_env.database_url and _env.redis_url) and not (
+    DEBUG or _env.embedded or "pytest" in sys.modules or "mypy" in sys.modules or embedded.already_here()
+):
+    raise ImproperlyConfigured(
+        "DATABASE_URL and REDIS_URL must be set (postgres://... and redis://...); the embedded databases are for "
+        "development only: run `python3 dev.py run` or `python3 dev.py manage ARGS`, or set GANTRY_EMBEDDED=1"
+    )
+
+
 def _secret_key() -> str:
     if _env.secret_key:
         return _env.secret_key
@@ -138,17 +155,6 @@ def _database_from_url(url: str) -> dict[str, object]:
     }
 
 
-# The embedded PostgreSQL and Redis (gantry/embedded.py) are the development
-# path: `dev.py` sets GANTRY_EMBEDDED=1, the test suite runs under pytest, mypy's
-# Django plugin loads these settings, and DEBUG is a developer's switch. A production server missing DATABASE_URL or
-# REDIS_URL must stop here, not quietly boot databases of its own in a folder.
-if not (_env.database_url and _env.redis_url) and not (
-    DEBUG or _env.embedded or "pytest" in sys.modules or "mypy" in sys.modules
-):
-    raise ImproperlyConfigured(
-        "DATABASE_URL and REDIS_URL must be set (postgres://... and redis://...). The embedded databases are "
-        "for development only: run `python3 dev.py run`, or set GANTRY_EMBEDDED=1 to use them on purpose."
-    )
 DATABASE_URL = _env.database_url or embedded.postgres_url()
 DATABASES = {"default": _database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

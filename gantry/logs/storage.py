@@ -309,6 +309,38 @@ def _s3_client(endpoint_url: str, region: str, addressing_style: str) -> Any:
     )
 
 
+def create_bucket() -> bool:
+    """Create the bucket ``GANTRY_S3_BUCKET`` names if it is missing; answer whether this call created it.
+
+    For a one-shot set-up step (``manage.py create_log_bucket``, docker-compose.yml's
+    ``createbucket``), so it must be safe to run again: an existing bucket is left
+    as it is. Raises botocore's errors (no endpoint, refused credentials, a name
+    another account holds).
+    """
+    from botocore.exceptions import ClientError
+
+    bucket: str = settings.GANTRY_S3_BUCKET
+    region: str = settings.GANTRY_S3_REGION
+    client = _s3_client(settings.GANTRY_S3_ENDPOINT_URL, region, settings.GANTRY_S3_ADDRESSING_STYLE)
+    # HEAD first: AWS's us-east-1 answers a repeated create with success, so the
+    # create's answer alone cannot tell "made now" from "was there".
+    try:
+        client.head_bucket(Bucket=bucket)
+        return False
+    except ClientError as exc:
+        if _status(exc) != 404:
+            raise
+    # us-east-1 is the one region S3 refuses as a LocationConstraint.
+    options = {"CreateBucketConfiguration": {"LocationConstraint": region}} if region not in ("", "us-east-1") else {}
+    try:
+        client.create_bucket(Bucket=bucket, **options)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "BucketAlreadyOwnedByYou":  # a concurrent run made it
+            return False
+        raise
+    return True
+
+
 def get_storage() -> LogStorage:
     """The storage the settings name (built per call; the S3 client is shared)."""
     bucket: str = settings.GANTRY_S3_BUCKET

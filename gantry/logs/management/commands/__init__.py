@@ -1,0 +1,1 @@
+"""``manage.py create_log_bucket``."""
