@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "deploy" / "prometheus"
 RULES = RULES_DIR / "gantry-rules.yml"
 RULE_TESTS = RULES_DIR / "gantry-rules.test.yml"
+EXAMPLE_CONFIG = RULES_DIR / "prometheus.yml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
 # The coordinator's metrics as agreed between the branches of issue 23 (its
@@ -105,6 +106,27 @@ def test_promtool_unit_tests_of_the_rules_pass() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_promtool_finds_the_example_configuration_valid() -> None:
+    # --syntax-only: the example's token file exists only where Prometheus runs.
+    result = subprocess.run(
+        [_promtool(), "check", "config", "--syntax-only", EXAMPLE_CONFIG.name],
+        cwd=RULES_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_rules_name_the_example_configurations_scrape_jobs() -> None:
+    config = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    assert config["rule_files"] == [RULES.name]
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    used = {job for alert in _alerts() for job in re.findall(r'job="([^"]+)"', alert["expr"])}
+    assert used == jobs == {"gantry-web", "gantry-coordinator"}
 
 
 def test_every_alert_is_fired_and_kept_quiet_by_a_unit_test() -> None:
