@@ -631,12 +631,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # statements (20-30 ms of PostgreSQL CPU each). A server in service
         # has done that long ago; counted in the first round, it added about
         # 0.5 ms to each run's figure.
-        load_runs(args.runs)
+        # The held runs come out of the loaded ones: load them on top of
+        # --runs, or at a large K the status phase's holding leaves the
+        # lifecycle phase nothing to claim (K=64 holds 4,096).
+        load_runs(args.runs + HELD_PER_RUNNER * max(args.ks))
         hold_runs(fleet, HELD_PER_RUNNER * max(args.ks))
         _phase(meter, max(args.ks), WARM_UP_SECONDS, _lifecycle_loop, server.port, fleet)
         for rep in range(args.repeat):
             for k in args.ks:
-                load_runs(args.runs)
+                load_runs(args.runs + HELD_PER_RUNNER * k)
                 held = hold_runs(fleet, HELD_PER_RUNNER * k)
                 life = _phase(meter, k, args.seconds, _lifecycle_loop, server.port, fleet)
                 health = _phase(meter, k, args.seconds, _repeat_loop_args(server.port, "/healthz", None, "healthz"))
