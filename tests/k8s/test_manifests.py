@@ -300,7 +300,8 @@ def test_every_container_is_unprivileged_and_sized() -> None:
         assert security["allowPrivilegeEscalation"] is False, owner
         assert security["readOnlyRootFilesystem"] is True, owner
         assert security["capabilities"] == {"drop": ["ALL"]}, owner
-        assert spec["resources"]["requests"] and spec["resources"]["limits"]["memory"], owner
+        assert spec["resources"]["requests"], owner
+        assert spec["resources"]["limits"]["memory"], owner
         # The writable places the processes need (gunicorn's heartbeat files, beat's schedule).
         mounts = {m["mountPath"] for m in spec["volumeMounts"]}
         assert "/tmp" in mounts, owner
