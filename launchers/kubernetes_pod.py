@@ -226,6 +226,9 @@ def pod_manifest(assignment: Assignment, options: PodOptions) -> dict[str, Any]:
         container["imagePullPolicy"] = handover["imagePullPolicy"] = options.image_pull_policy
     if options.resources:
         container["resources"] = {part: dict(values) for part, values in options.resources.items()}
+        # The same for the hand-over: a quota that wants limits on every container accepts the Pod, and
+        # the Pod's request stays the runner's (an init container counts only while it runs, before it).
+        handover["resources"] = {part: dict(values) for part, values in options.resources.items()}
     template_spec = options.template.get("spec") or {}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",

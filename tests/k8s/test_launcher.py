@@ -198,6 +198,7 @@ def test_the_pod_is_labelled_and_its_token_is_only_in_an_owned_secret(make: Make
     assert handover["name"] == "runner-token"
     assert handover["image"] == runner["image"]
     assert handover["imagePullPolicy"] == "IfNotPresent"
+    assert handover["resources"] == runner["resources"]
     assert {m["name"]: m.get("readOnly") for m in handover["volumeMounts"]} == {
         "gantry-runner-token-secret": True, "gantry-runner-token": None,
     }  # fmt: skip
