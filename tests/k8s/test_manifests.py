@@ -35,7 +35,7 @@ import yaml
 import launchers
 from launchers.base import Assignment
 from launchers.kubernetes import KubernetesLauncher
-from launchers.kubernetes_pod import parse_options
+from launchers.kubernetes_pod import parse_options, pod_manifest, secret_manifest
 from tests.e2e.conftest import wait_until
 from tests.k8s.fake_apiserver import FakeCluster
 from tests.k8s.fixtures import SLOW_IMAGE
@@ -345,6 +345,17 @@ def test_the_runner_pods_use_the_runner_image_not_the_servers() -> None:
     assert parsed.image == "registry.example.com/gantry-runner:1.0.0"
     assert parsed.image != container("gantry-coordinator")["image"]
     assert {container(name)["image"] for name in SERVER_DEPLOYMENTS} == {"registry.example.com/gantry:1.0.0"}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_runner_pod_and_secret_it_would_create_are_valid_too(version: str) -> None:
+    parsed, _ = parse_options(coordinator_options(), env={})
+    job = Assignment("http://gantry-web.gantry.svc.cluster.local:8000", "00000001-0000-4000-8000-000000000000",
+                     "00000001-1111-4111-8111-111111111111", "tok", group_id="3")  # fmt: skip
+    pod = pod_manifest(job, parsed)
+    assert pod["spec"]["initContainers"][0]["image"] == parsed.image
+    for doc in (pod, secret_manifest(job, parsed, pod_uid="00000000-0000-4000-8000-000000000001")):
+        kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_the_coordinator_serves_its_health_on_8081_and_is_probed_there() -> None:
