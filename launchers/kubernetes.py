@@ -14,8 +14,9 @@ For each claimed run it creates, in its namespace:
   then an init container, ``runner-token``, copies it into a memory volume
   (mode 0400, the image's user) where ``GANTRY_RUNNER_TOKEN_FILE`` points, and
   the runner deletes it once read (launchers/kubernetes_pod.py says why a
-  Secret volume alone would not do). The token is never in the Pod's spec (env, args, labels,
-  annotations), so ``kubectl get pod -o yaml`` does not show it.
+  Secret volume alone would not do). The token is never in the Pod's spec
+  (env, args, labels, annotations), so ``kubectl get pod -o yaml`` does not
+  show it.
 
 ``discover`` lists the Pods carrying this group's label (nothing else: two
 groups may share a namespace); ``is_alive`` reads the Pod's phase; ``reap``
