@@ -46,6 +46,12 @@ def run(client: Any, command: list[str], volumes: dict[str, dict[str, str]], *, 
         container.remove(force=True)
 
 
+def handover_mode(spec: dict[str, Any]) -> int:
+    [mode] = [v["secret"]["defaultMode"] for v in spec["volumes"] if v["name"] == TOKEN_SECRET_VOLUME]
+    assert isinstance(mode, int)
+    return mode
+
+
 def test_the_runner_token_is_handed_over_to_the_runners_user_alone_and_deleted_once_read(
     docker_client: Any, tmp_path: Path
 ) -> None:
@@ -60,8 +66,6 @@ def test_the_runner_token_is_handed_over_to_the_runners_user_alone_and_deleted_o
     secret, copy = tmp_path / "secret", tmp_path / "copy"
     secret.mkdir()
     (secret / "token").write_text(TOKEN)
-    os.chown(secret / "token", 0, fs_group)
-    os.chmod(secret / "token", 0o440)
     copy.mkdir()
     os.chown(copy, 0, fs_group)
     os.chmod(copy, 0o2777)
@@ -72,11 +76,16 @@ def test_the_runner_token_is_handed_over_to_the_runners_user_alone_and_deleted_o
         for m in handover["volumeMounts"]
     }
 
-    # Without the Pod's fsGroup the Secret's root-owned file is out of the image user's reach.
+    # Without an fsGroup the kubelet leaves the Secret's file as defaultMode says, root's: out of reach.
+    os.chown(secret / "token", 0, 0)
+    os.chmod(secret / "token", handover_mode(spec))
     code, output = run(docker_client, handover["command"], volumes)
     assert code != 0
     assert "Permission denied" in output
     assert list(copy.iterdir()) == []
+    # With it: group fsGroup, and the group read bit added.
+    os.chown(secret / "token", 0, fs_group)
+    os.chmod(secret / "token", handover_mode(spec) | 0o040)
 
     code, output = run(docker_client, handover["command"], volumes, groups=[str(fs_group)])
     assert code == 0, output
