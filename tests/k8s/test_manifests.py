@@ -206,7 +206,12 @@ def test_the_web_runs_two_replicas_probed_and_kept_up_by_its_budget() -> None:
         # Django refuses the Pod IP the kubelet would send as Host.
         [host] = [h["value"] for h in probe["httpGet"]["httpHeaders"] if h["name"] == "Host"]
         assert host in allowed
-    assert budget["spec"]["selector"]["matchLabels"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    labels = web["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # Spread over nodes, so that one node's loss leaves a replica.
+    [spread] = web["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"].items() <= labels.items()
     assert 1 <= budget["spec"]["minAvailable"] < web["spec"]["replicas"]
 
 
