@@ -55,6 +55,12 @@ def handover_mode(spec: dict[str, Any]) -> int:
 def test_the_runner_token_is_handed_over_to_the_runners_user_alone_and_deleted_once_read(
     docker_client: Any, tmp_path: Path
 ) -> None:
+    if os.geteuid() != 0:
+        # Laying the files out as root's (as the kubelet does) takes root; as the docker marker does, CI fails.
+        problem = "laying out the Secret's file as the kubelet does needs root (chown to uid 0)"
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail(f"CI needs root for this test: {problem}", pytrace=False)
+        pytest.skip(problem)
     options, _ = parse_options({"image": RUNNER_IMAGE}, env={})
     job = Assignment("http://127.0.0.1:9", "00000001-0000-4000-8000-000000000000",
                      "00000001-1111-4111-8111-111111111111", TOKEN, group_id="3")  # fmt: skip
