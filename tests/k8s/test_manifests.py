@@ -180,13 +180,20 @@ def test_the_overlay_renders_gantry_whole() -> None:
 def test_the_web_service_is_what_the_coordinator_calls() -> None:
     service, web = one("Service", "gantry-web"), one("Deployment", "gantry-web")
     [port] = service["spec"]["ports"]
+    coordinator = one("Deployment", "gantry-coordinator")
     server = urlsplit(env_of(container("gantry-coordinator"))["GANTRY_SERVER"])
-    host = (server.hostname or "").split(".")
-    assert host[0] == service["metadata"]["name"]
-    # The runner Pods are in another namespace: the URL names the Service's.
-    assert host[1:2] == [service["metadata"]["namespace"]]
-    assert server.port == port["port"]
-    assert server.hostname in config()["GANTRY_ALLOWED_HOSTS"].split(",")
+    # The coordinator is in the Service's namespace: its bare name resolves.
+    assert coordinator["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert (server.scheme, server.hostname, server.port) == ("http", service["metadata"]["name"], port["port"])
+    # The runner Pods are in another namespace: their URL names the Service's too.
+    runners = urlsplit(parse_options(coordinator_options(), env={})[0].server_url)
+    [name, namespace, *_] = (runners.hostname or "").split(".")
+    assert (runners.scheme, name, namespace, runners.port) == (
+        "http", service["metadata"]["name"], service["metadata"]["namespace"], port["port"],
+    )  # fmt: skip
+    allowed = config()["GANTRY_ALLOWED_HOSTS"].split(",")
+    assert server.hostname in allowed
+    assert runners.hostname in allowed
     # ... and the Service reaches the web Pods' port.
     labels = web["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
