@@ -9,11 +9,14 @@ For each claimed run it creates, in its namespace:
   working directory, with the server URL and the run and runner ids in its
   environment;
 - then a **Secret** ``<pod name>-token`` holding the runner token, owned by the
-  Pod (``ownerReferences`` with the Pod's uid: deleting the Pod deletes it) and
-  mounted read-only into the container, ``GANTRY_RUNNER_TOKEN_FILE`` pointing
-  at the file. The kubelet holds the Pod in ``ContainerCreating`` until the
-  Secret exists. The token is never in the Pod's spec (env, args, labels,
-  annotations), so ``kubectl get pod -o yaml`` does not show it.
+  Pod (``ownerReferences`` with the Pod's uid: deleting the Pod deletes it).
+  The kubelet holds the Pod in ``ContainerCreating`` until the Secret exists;
+  then an init container, ``runner-token``, copies it into a memory volume
+  (mode 0400, the image's user) where ``GANTRY_RUNNER_TOKEN_FILE`` points, and
+  the runner deletes it once read (launchers/kubernetes_pod.py says why a
+  Secret volume alone would not do). The token is never in the Pod's spec
+  (env, args, labels, annotations), so ``kubectl get pod -o yaml`` does not
+  show it.
 
 ``discover`` lists the Pods carrying this group's label (nothing else: two
 groups may share a namespace); ``is_alive`` reads the Pod's phase; ``reap``
@@ -62,6 +65,7 @@ from launchers.kubernetes_pod import (
     LABEL_RUN,
     LABEL_RUNNER,
     MANAGED_BY,
+    TOKEN_INIT,
     PodOptions,
     parse_options,
     pod_manifest,
@@ -87,7 +91,7 @@ STARTUP_FAILURES = frozenset(
     }
 )
 # Terminated reasons of a container that never ran (its command could not be executed).
-NEVER_STARTED = frozenset({"StartError", "ContainerCannotRun"})
+NEVER_STARTED = frozenset({"StartError", "ContainerCannotRun", "InitError"})
 FINISHED = frozenset({"Succeeded", "Failed"})
 # Errors that mean "the API server did not answer" (refused, reset, timed out, TLS).
 TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
@@ -129,6 +133,23 @@ class PodView:
                 view.exit_code = cstatus.state.terminated.exit_code
                 view.terminated_reason = str(cstatus.state.terminated.reason or "")
                 view.terminated_message = str(cstatus.state.terminated.message or "")
+        for cstatus in getattr(status, "init_container_statuses", None) or []:
+            if cstatus.name != TOKEN_INIT or cstatus.state is None:
+                continue
+            # The token's hand-over runs the runner's image first: while it waits (an image that will not
+            # pull), the runner only says PodInitializing, so its reason is the runner's.
+            if cstatus.state.waiting is not None and cstatus.state.waiting.reason != "PodInitializing":
+                view.waiting_reason = str(cstatus.state.waiting.reason or "")
+                view.waiting_message = str(cstatus.state.waiting.message or "")
+            terminated = cstatus.state.terminated
+            if terminated is not None and terminated.exit_code != 0 and view.exit_code is None:
+                # The runner never ran: a startup failure, like a runner command that could not be run.
+                reason = str(terminated.reason or "")
+                view.terminated_reason = reason if reason in NEVER_STARTED else "InitError"
+                view.terminated_message = (
+                    f"the runner token's hand-over ({TOKEN_INIT} init container) exited with code "
+                    f"{terminated.exit_code}: {terminated.message or reason}"
+                ).rstrip(": ")
         return view
 
     @property

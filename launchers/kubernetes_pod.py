@@ -8,8 +8,17 @@ lays Gantry's Pod over it, dicts key by key, lists of named things
 anything else Gantry sets replaces the template's. So the template adds
 tolerations, affinity, volumes, sidecars, a security context, env for the
 runner container; Gantry's labels, ``restartPolicy: Never``, the runner
-container's image, command, args and env (the names Gantry sets), and the token
-volume always win.
+container's image, command, args and env (the names Gantry sets), the token's
+volumes and its hand-over init container always win.
+
+The runner token's way in: the Secret is mounted only into a first init
+container, ``runner-token``, which copies the file into a memory-backed
+``emptyDir`` as the image's user, mode 0400, and exits; the runner container
+mounts only that folder, reads the file and deletes it before any step runs
+(as with the Docker launcher's copied-in file). A Secret volume cannot do this
+by itself: its files belong to root, and the Pod's ``fsGroup`` makes them group
+readable (0440) whatever ``defaultMode`` says, so every process of the
+runner's user, the steps too, could read it for the Pod's whole life.
 """
 
 from __future__ import annotations
@@ -34,6 +43,19 @@ CONTAINER = "runner"
 TOKEN_VOLUME = "gantry-runner-token"
 TOKEN_DIR = "/var/run/gantry/runner-token"
 TOKEN_KEY = "token"
+# The Secret's own volume, mounted only into the hand-over init container.
+TOKEN_SECRET_VOLUME = "gantry-runner-token-secret"
+TOKEN_SECRET_DIR = "/var/run/gantry/runner-token-secret"
+TOKEN_INIT = "runner-token"
+# The runner image's user and group (runners/Dockerfile): the Pod's fsGroup, so the
+# hand-over (running as that user) may read the Secret's root-owned file.
+RUNNER_GID = 10001
+# Copies the Secret's file for the runner's user alone; O_EXCL: never onto a file already there.
+# Python, since the runner image has it (the runner is Python) and a base image may lack install(1).
+HANDOVER = (
+    "import os, pathlib, sys; src, dst = sys.argv[1:]; data = pathlib.Path(src).read_bytes(); "
+    "fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400); os.write(fd, data); os.close(fd)"
+)
 # Run from the image's working directory (Gantry's image: /app), where the `runners` package is.
 COMMAND = ["python3", "-m", "runners.ephemeral"]
 # Handed from the coordinator's environment to the runner, as the local launcher does.
@@ -187,19 +209,42 @@ def pod_manifest(assignment: Assignment, options: PodOptions) -> dict[str, Any]:
         "command": list(COMMAND),
         "args": [],
         "env": env,
-        "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}],
+        # Writable: the runner deletes the token's file once read.
+        "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": False}],
+    }
+    handover: dict[str, Any] = {
+        "name": TOKEN_INIT,
+        "image": options.image,
+        "command": ["python3", "-c", HANDOVER, f"{TOKEN_SECRET_DIR}/{TOKEN_KEY}", f"{TOKEN_DIR}/{TOKEN_KEY}"],
+        "volumeMounts": [
+            {"name": TOKEN_SECRET_VOLUME, "mountPath": TOKEN_SECRET_DIR, "readOnly": True},
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR},
+        ],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if options.image_pull_policy:
-        container["imagePullPolicy"] = options.image_pull_policy
+        container["imagePullPolicy"] = handover["imagePullPolicy"] = options.image_pull_policy
     if options.resources:
         container["resources"] = {part: dict(values) for part, values in options.resources.items()}
+        # The same for the hand-over: a quota that wants limits on every container accepts the Pod, and
+        # the Pod's request stays the runner's (an init container counts only while it runs, before it).
+        handover["resources"] = {part: dict(values) for part, values in options.resources.items()}
     template_spec = options.template.get("spec") or {}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        # First, before any init container of the template's.
+        "initContainers": [handover],
         "containers": [container],
-        # 0444: readable by whatever user the image runs as; the mount is read-only.
-        "volumes": [{"name": TOKEN_VOLUME, "secret": {"secretName": f"{name}-token", "defaultMode": 0o444}}],
+        "volumes": [
+            # 0400, root's; with the fsGroup below the kubelet makes it 0440 root:10001.
+            {"name": TOKEN_SECRET_VOLUME, "secret": {"secretName": f"{name}-token", "defaultMode": 0o400}},
+            # In memory: the token never reaches the node's disk.
+            {"name": TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        ],
     }
+    if "fsGroup" not in (template_spec.get("securityContext") or {}):
+        # The template may name another group its image's user is in.
+        spec["securityContext"] = {"fsGroup": RUNNER_GID}
     if options.service_account:
         spec["serviceAccountName"] = options.service_account
     elif not {"serviceAccountName", "automountServiceAccountToken"} & set(template_spec):

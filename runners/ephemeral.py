@@ -117,10 +117,11 @@ class OidcSource:
 
 
 def _token_from_file(path: str) -> str:
-    """The runner token from a file a launcher put there (a container's copied-in file, a Pod's Secret).
+    """The runner token from a file a launcher put there (a container's copied-in file, a Pod's handed-over copy).
 
-    Removed once read where the runner may (a copied-in file), so no step it
-    runs can read it afterwards; a read-only mount (a Kubernetes Secret) stays.
+    Removed once read where the runner may (a copied-in file, the Kubernetes
+    launcher's copy in a memory volume), so no step it runs can read it
+    afterwards; a read-only mount stays.
     """
     if not path:
         return ""

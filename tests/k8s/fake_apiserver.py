@@ -368,8 +368,10 @@ def _validate_pod(pod: dict[str, Any]) -> list[tuple[str, str]]:
         causes.append(("spec.containers", "Required value"))
     volumes = {v.get("name") for v in spec.get("volumes") or []}
     seen: set[str] = set()
-    for i, container in enumerate(containers):
-        where = f"spec.containers[{i}]"
+    # Names are unique across init containers and containers alike.
+    every = [(f"spec.initContainers[{i}]", c) for i, c in enumerate(spec.get("initContainers") or [])]
+    every += [(f"spec.containers[{i}]", c) for i, c in enumerate(containers)]
+    for where, container in every:
         cname = container.get("name")
         if not cname:
             causes.append((f"{where}.name", "Required value"))

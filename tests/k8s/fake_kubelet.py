@@ -14,6 +14,11 @@ the messages containerd and the kubelet give. Also as the kubelet does:
   container at once with exit code 128 (``StartError``);
 - a Pod whose Secret volume's Secret does not exist (yet) stays
   ``ContainerCreating`` until it does;
+- init containers run one after the other, to the end, before the Pod's
+  containers start (each inside one tick of the node: they are meant to be
+  short); while they wait the containers say ``PodInitializing``, and one that
+  fails fails the Pod (``restartPolicy: Never``); ``emptyDir`` volumes are
+  folders the Pod's containers share;
 - Secret volumes are materialised as files in a folder of the Pod's, and
   paths under a volume's ``mountPath`` in the container's env, command, args
   and working directory are rewritten to that folder (a process cannot be
@@ -104,6 +109,9 @@ class Runtime:
     pull_failed: bool = False
     kill_at: float | None = None
     containers: dict[str, Container] = field(default_factory=dict)
+    # Every init container ran and succeeded; the volumes, made once (a Secret's file may be read-only).
+    initialised: bool = False
+    volumes: dict[str, Path] | None = None
 
     def running(self) -> list[Container]:
         return [c for c in self.containers.values() if c.proc is not None and c.exit_code is None]
@@ -139,7 +147,7 @@ class FakeKubelet:
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("serviceAccountName", "default")
         spec.setdefault("securityContext", {})
-        for container in spec["containers"]:
+        for container in spec.get("initContainers", []) + spec["containers"]:
             tail = container["image"].rsplit("/", 1)[-1]
             latest = ":" not in tail or tail.endswith(":latest")
             container.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
@@ -262,42 +270,72 @@ class FakeKubelet:
     def _schedule(self, pod: dict[str, Any]) -> None:
         pod["spec"]["nodeName"] = NODE
         at = iso()
+        inits = pod["spec"].get("initContainers") or []
+        if inits:
+            pod["status"]["initContainerStatuses"] = [
+                _container_status(c, {"waiting": {"reason": "PodInitializing"}}) for c in inits
+            ]
         pod["status"].update(
             hostIP="127.0.0.1",
             hostIPs=[{"ip": "127.0.0.1"}],
             startTime=at,
             conditions=[
                 _condition("PodReadyToStartContainers", "False", at),
-                _condition("Initialized", "True", at),
+                _condition("Initialized", "False", at, "ContainersNotInitialized")
+                if inits
+                else _condition("Initialized", "True", at),
                 _condition("Ready", "False", at, "ContainersNotReady"),
                 _condition("ContainersReady", "False", at, "ContainersNotReady"),
                 _condition("PodScheduled", "True", at),
             ],
             containerStatuses=[
-                _container_status(c, {"waiting": {"reason": "ContainerCreating"}}) for c in pod["spec"]["containers"]
+                _container_status(c, {"waiting": {"reason": "PodInitializing" if inits else "ContainerCreating"}})
+                for c in pod["spec"]["containers"]
             ],
         )
         self._bump(pod)
 
     def _try_start(self, ns: str, pod: dict[str, Any], runtime: Runtime) -> None:
+        inits = pod["spec"].get("initContainers") or []
+        initialising = bool(inits) and not runtime.initialised
+        stage = inits if initialising else pod["spec"]["containers"]
+        statuses = pod["status"]["initContainerStatuses" if initialising else "containerStatuses"]
         waiting: dict[str, dict[str, str]] = {}
-        for container in pod["spec"]["containers"]:
+        for container in stage:
             problem = self._image_problem(container, runtime) or self._config_problem(ns, container)
             if problem:
                 waiting[container["name"]] = problem
         if not waiting and any(self._missing_secret(ns, v) for v in pod["spec"].get("volumes") or []):
             # The kubelet retries the mount until the Secret exists (FailedMount events).
-            waiting = {c["name"]: {"reason": "ContainerCreating"} for c in pod["spec"]["containers"]}
+            waiting = {c["name"]: {"reason": "PodInitializing" if initialising else "ContainerCreating"} for c in stage}
         if waiting:
             changed = False
-            for cstatus in pod["status"]["containerStatuses"]:
+            for cstatus in statuses:
                 state = {"waiting": waiting.get(cstatus["name"], {"reason": "ContainerCreating"})}
                 changed |= cstatus["state"] != state
                 cstatus["state"] = state
             if changed:
                 self._bump(pod)
             return
-        mounts = self._materialise(ns, pod, runtime)
+        if runtime.volumes is None:
+            runtime.volumes = self._materialise(ns, pod, runtime)
+        mounts = runtime.volumes
+        if initialising:
+            for init in inits:
+                if not self._run_init(ns, pod, init, runtime, mounts):
+                    # restartPolicy Never: a failed init container fails the Pod; the containers never start.
+                    pod["status"]["phase"] = "Failed"
+                    self._bump(pod)
+                    return
+            runtime.initialised = True
+            for cond in pod["status"]["conditions"]:
+                if cond["type"] == "Initialized":
+                    cond.update(status="True", lastTransitionTime=iso())
+                    cond.pop("reason", None)
+            for cstatus in pod["status"]["containerStatuses"]:
+                cstatus["state"] = {"waiting": {"reason": "ContainerCreating"}}
+            self._try_start(ns, pod, runtime)  # the containers, in the same tick
+            return
         for container in pod["spec"]["containers"]:
             self._start(ns, pod, container, runtime, mounts)
         at = iso()
@@ -382,9 +420,38 @@ class FakeKubelet:
             folders[volume["name"]] = folder
         return folders
 
-    def _start(
+    def _run_init(
         self, ns: str, pod: dict[str, Any], spec: dict[str, Any], runtime: Runtime, volumes: dict[str, Path]
-    ) -> None:
+    ) -> bool:
+        """One init container, run to its end; True when it succeeded."""
+        argv, env, cwd = self._process(ns, pod, spec, volumes)
+        log = runtime.folder / f"{spec['name']}.log"
+        container = Container(spec["name"], log=log, started_at=iso())
+        runtime.folder.mkdir(parents=True, exist_ok=True)
+        runtime.containers[spec["name"]] = container
+        with open(log, "ab") as output:
+            terminated: dict[str, Any] = {"startedAt": container.started_at}
+            try:
+                done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=output,
+                                      stderr=subprocess.STDOUT, timeout=60, check=False)  # fmt: skip
+            except OSError as exc:
+                output.write(f"exec {argv[:1]}: {exc}\n".encode())
+                container.exit_code = 128
+                terminated.update(reason="StartError", message=_start_error(argv))
+            else:
+                container.exit_code = 128 - done.returncode if done.returncode < 0 else done.returncode
+                terminated["reason"] = "Completed" if container.exit_code == 0 else "Error"
+        terminated.update(exitCode=container.exit_code, finishedAt=iso())
+        for cstatus in pod["status"]["initContainerStatuses"]:
+            if cstatus["name"] == spec["name"]:
+                cstatus.update(ready=container.exit_code == 0, started=False, state={"terminated": terminated})
+        self._bump(pod)
+        return container.exit_code == 0
+
+    def _process(
+        self, ns: str, pod: dict[str, Any], spec: dict[str, Any], volumes: dict[str, Path]
+    ) -> tuple[list[str], dict[str, str], str]:
+        """A container's argv, environment and working directory, paths under its mounts made the node's."""
         image = self.cluster.images[spec["image"]]
         mounts = sorted(
             ((m["mountPath"].rstrip("/"), volumes[m["name"]]) for m in spec.get("volumeMounts") or []),
@@ -411,6 +478,12 @@ class FakeKubelet:
             for a in (spec.get("command") or image.entrypoint) + (spec.get("args") or [])
         ]
         cwd = translate(spec["workingDir"]) if spec.get("workingDir") else str(image.workdir)
+        return argv, env, cwd
+
+    def _start(
+        self, ns: str, pod: dict[str, Any], spec: dict[str, Any], runtime: Runtime, volumes: dict[str, Path]
+    ) -> None:
+        argv, env, cwd = self._process(ns, pod, spec, volumes)
         container = Container(spec["name"], log=runtime.folder / f"{spec['name']}.log", started_at=iso())
         runtime.folder.mkdir(parents=True, exist_ok=True)
         runtime.containers[spec["name"]] = container
@@ -427,9 +500,7 @@ class FakeKubelet:
             container.started_at = ""
             self._set_state(pod, spec["name"], {"terminated": {
                 "exitCode": 128, "reason": "StartError", "startedAt": iso(), "finishedAt": iso(),
-                "message": "failed to create containerd task: failed to create shim task: OCI runtime create "
-                f'failed: runc create failed: unable to start container process: exec: "{argv[0] if argv else ""}"'
-                ": executable file not found in $PATH: unknown",
+                "message": _start_error(argv),
             }})  # fmt: skip
             return
         self._set_state(pod, spec["name"], {"running": {"startedAt": container.started_at}}, ready=True)
@@ -516,6 +587,15 @@ class FakeKubelet:
                     container.exit_code = 128 - code if code < 0 else code
             if container.output is not None:
                 container.output.close()
+
+
+def _start_error(argv: list[str]) -> str:
+    """What containerd says of a container whose command is not in the image."""
+    return (
+        "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+        f'failed: unable to start container process: exec: "{argv[0] if argv else ""}": executable file not found '
+        "in $PATH: unknown"
+    )
 
 
 def _session_members(sid: int) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -72,6 +73,13 @@ def pod_of(cluster: FakeCluster, handle: WorkerHandle) -> dict[str, Any]:
 
 def runner_container(pod: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in pod["spec"]["containers"] if c["name"] == "runner")
+
+
+def runner_image_user() -> tuple[int, int]:
+    """The runner image's ``USER uid:gid`` (runners/Dockerfile)."""
+    [line] = [x for x in (ROOT / "runners" / "Dockerfile").read_text().splitlines() if x.startswith("USER ")]
+    uid, gid = line.split()[1].split(":")
+    return int(uid), int(gid)
 
 
 # ---------------------------------------------------------------- options
@@ -176,11 +184,27 @@ def test_the_pod_is_labelled_and_its_token_is_only_in_an_owned_secret(make: Make
     ]
     assert secret["immutable"] is True
     assert secret["data"] == {"token": base64.b64encode(TOKEN.encode()).decode()}
-    [volume] = spec["volumes"]
-    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    # The Secret reaches only the hand-over init container; the runner gets its copy in a memory volume.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes == {
+        "gantry-runner-token-secret": {"name": "gantry-runner-token-secret",
+                                       "secret": {"secretName": secret["metadata"]["name"], "defaultMode": 0o400}},
+        "gantry-runner-token": {"name": "gantry-runner-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    }  # fmt: skip
     assert runner["volumeMounts"] == [
-        {"name": volume["name"], "mountPath": "/var/run/gantry/runner-token", "readOnly": True}
+        {"name": "gantry-runner-token", "mountPath": "/var/run/gantry/runner-token", "readOnly": False}
     ]
+    [handover] = spec["initContainers"]
+    assert handover["name"] == "runner-token"
+    assert handover["image"] == runner["image"]
+    assert handover["imagePullPolicy"] == "IfNotPresent"
+    assert handover["resources"] == runner["resources"]
+    assert {m["name"]: m.get("readOnly") for m in handover["volumeMounts"]} == {
+        "gantry-runner-token-secret": True, "gantry-runner-token": None,
+    }  # fmt: skip
+    assert handover["securityContext"]["allowPrivilegeEscalation"] is False
+    # The Secret's root-owned file is readable by the runner image's group (runners/Dockerfile).
+    assert spec["securityContext"] == {"fsGroup": runner_image_user()[1]}
     # Created in that order: the Secret needs the Pod's uid.
     assert [o["kind"] for o in cluster.created] == ["Pod", "Secret"]
 
@@ -217,8 +241,8 @@ def test_pod_template_lies_under_gantrys_fields(make: Make, cluster: FakeCluster
     assert meta["labels"]["gantry.io/run-id"] == handle.run_id
     assert spec["restartPolicy"] == "Never"
     assert spec["tolerations"][0]["key"] == "dedicated"
-    assert spec["securityContext"] == {"runAsNonRoot": True}
-    assert sorted(v["name"] for v in spec["volumes"]) == ["cache", "gantry-runner-token"]
+    assert spec["securityContext"] == {"runAsNonRoot": True, "fsGroup": runner_image_user()[1]}
+    assert sorted(v["name"] for v in spec["volumes"]) == ["cache", "gantry-runner-token", "gantry-runner-token-secret"]
     assert [c["name"] for c in spec["containers"]] == ["runner", "sidecar"]
     runner = runner_container(pod)
     assert runner["image"] == SLOW_IMAGE
@@ -229,6 +253,67 @@ def test_pod_template_lies_under_gantrys_fields(make: Make, cluster: FakeCluster
     assert env["GANTRY_RUN_ID"] == handle.run_id
     assert sorted(m["mountPath"] for m in runner["volumeMounts"]) == ["/cache", "/var/run/gantry/runner-token"]
     assert runner["resources"] == {"limits": {"cpu": "2", "memory": "512Mi"}}
+
+
+def test_the_runner_token_is_handed_over_readable_by_the_runners_user_alone_then_deleted(
+    make: Make, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    # The runner container waits for a Secret of the template's, so the handed-over file stays to look at.
+    template = tmp_path / "template.yaml"
+    template.write_text(yaml.safe_dump({"spec": {"containers": [{"name": "runner", "env": [
+        {"name": "DEPLOY_KEY", "valueFrom": {"secretKeyRef": {"name": "deploy-key", "key": "key"}}}]}]}}))  # fmt: skip
+    launcher = make(image=RUNNER_IMAGE, pod_template=str(template), server_url=unreachable())
+    handle = launcher.launch(assignment())
+    uid = pod_of(cluster, handle)["metadata"]["uid"]
+
+    def waiting_for_the_key() -> bool:
+        [runner] = pod_of(cluster, handle)["status"]["containerStatuses"]
+        return runner["state"].get("waiting", {}).get("reason") == "CreateContainerConfigError"
+
+    wait_until(waiting_for_the_key, 30, "the hand-over to finish and the runner to wait for its key")
+    [handover] = pod_of(cluster, handle)["status"]["initContainerStatuses"]
+    assert handover["state"]["terminated"]["exitCode"] == 0
+    volumes = cluster.kubelet.runtimes[uid].volumes
+    assert volumes is not None
+    copied = volumes["gantry-runner-token"] / "token"
+    assert copied.read_text() == TOKEN
+    # Owned by the user the hand-over ran as (the node's, standing for the image's), for that user alone.
+    assert copied.stat().st_uid == os.getuid()
+    assert stat.S_IMODE(copied.stat().st_mode) == 0o400
+    assert stat.S_IMODE((volumes["gantry-runner-token-secret"] / "token").stat().st_mode) == 0o400
+
+    with cluster.lock:
+        cluster.secrets[(NAMESPACE, "deploy-key")] = {
+            "metadata": {"name": "deploy-key", "namespace": NAMESPACE}, "data": {"key": "a2V5"},
+        }  # fmt: skip
+    # The runner starts, reads the file and deletes it before anything else (its steps never see it).
+    wait_until(lambda: not copied.exists(), 30, "the runner to take the token's file")
+    assert launcher.startup_failure(handle) is None
+
+
+def test_a_failed_hand_over_is_a_startup_failure(make: Make, cluster: FakeCluster, tmp_path: Path) -> None:
+    # A template that mounts a file at the copy's path: the hand-over refuses to write over it.
+    template = tmp_path / "template.yaml"
+    template.write_text(yaml.safe_dump({"spec": {
+        "volumes": [{"name": "planted", "secret": {"secretName": "planted"}}],
+        "initContainers": [{"name": "runner-token", "volumeMounts": [
+            {"name": "planted", "mountPath": "/var/run/gantry/runner-token/token", "subPath": "token"}]}],
+    }}))  # fmt: skip
+    with cluster.lock:
+        cluster.secrets[(NAMESPACE, "planted")] = {
+            "metadata": {"name": "planted", "namespace": NAMESPACE}, "data": {"token": "eA=="},
+        }  # fmt: skip
+    launcher = make(image=RUNNER_IMAGE, pod_template=str(template))
+    handle = launcher.launch(assignment())
+    wait_until(lambda: pod_of(cluster, handle)["status"]["phase"] == "Failed", 30, "the hand-over to fail")
+
+    assert launcher.is_alive(handle)  # the runner never ran: a launch that failed, not an exited runner
+    failure = launcher.startup_failure(handle)
+    assert failure is not None
+    assert failure.permanent
+    assert "InitError: the runner token's hand-over (runner-token init container) exited with code 1" in (
+        failure.message
+    )
 
 
 # ---------------------------------------------------------------- discover, terminate, reap
@@ -319,7 +404,8 @@ def test_an_image_that_will_not_pull_is_a_startup_failure_after_the_grace(make: 
     handle = launcher.launch(assignment())
 
     def pull_failed() -> bool:
-        statuses = pod_of(cluster, handle)["status"].get("containerStatuses") or [{"state": {}}]
+        # The token's hand-over runs the image first: the kubelet says so of that init container.
+        statuses = pod_of(cluster, handle)["status"].get("initContainerStatuses") or [{"state": {}}]
         return statuses[0]["state"].get("waiting", {}).get("reason") == "ErrImagePull"
 
     wait_until(pull_failed, 30, "the pull to fail")
@@ -364,7 +450,11 @@ def test_a_runner_command_missing_from_the_image_fails_the_start_at_once(make: M
     failure = launcher.startup_failure(handle)
     assert failure is not None
     assert failure.permanent
-    assert "StartError: failed to create containerd task" in failure.message
+    # The image's first process is the token's hand-over (the runner's own python3): it is what fails.
+    assert "StartError: the runner token's hand-over (runner-token init container) exited with code 128" in (
+        failure.message
+    )
+    assert "failed to create containerd task" in failure.message
     assert 'exec: "python3": executable file not found' in failure.message
 
 
