@@ -90,7 +90,8 @@ def _metrics_refusal(request: HttpRequest) -> JsonResponse | None:
     refused = JsonResponse(
         {
             "code": "not_authenticated",
-            "detail": "/metrics needs Authorization: Bearer <GANTRY_METRICS_TOKEN> or an address in GANTRY_METRICS_ALLOW",
+            "detail": "/metrics needs Authorization: Bearer <GANTRY_METRICS_TOKEN> "
+            "or an address in GANTRY_METRICS_ALLOW",
         },
         status=401,
     )
