@@ -218,6 +218,7 @@ class Coordinator:
     def reattach(self) -> None:
         backoff = Backoff(self.settings.backoff())
         while True:
+            self._poll_beat = time.monotonic()
             try:
                 found = self.launcher.discover()
                 break
@@ -325,6 +326,7 @@ class Coordinator:
         """
         backoff = Backoff(self.settings.backoff())
         while not self.stop_event.is_set():
+            self._poll_beat = time.monotonic()  # this thread's loop, before the polls
             try:
                 resp = self.client.group_demand()
             except RequestAborted:

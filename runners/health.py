@@ -132,7 +132,9 @@ class HealthServer:
 
         self.server = _server_class(addr[0])(addr, Handler)
         self.server.daemon_threads = True
-        self.address = self.server.server_address
+        host, port = self.server.server_address[:2]
+        # The port actually bound (":0" asks for any free one: tests).
+        self.address: tuple[str, int] = (host if isinstance(host, str) else host.decode(), int(port))
         self._thread = threading.Thread(target=self.server.serve_forever, name="health", daemon=True)
 
     def start(self) -> None:
