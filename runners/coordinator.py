@@ -25,10 +25,17 @@ launch in hand, take a last reconcile turn, exit 0. Running workers are left
 alone: they finish their runs by themselves, and the next coordinator
 re-attaches to them. A second signal exits at once.
 
+Before the first poll, one call with the token (``check_server``) tells a
+refused token or a URL that is not Gantry (exit 3) from a server that is not
+up yet (waited for). Usage errors exit 2 with one line (docs/runners.md,
+"Exit codes"). ``--health-addr`` serves ``/healthz`` and ``/metrics``
+(``runners.health``).
+
 Log lines are JSON with a stable ``event``: ``coordinator.started``,
 ``run.claimed``, ``worker.launched``, ``worker.reattached``, ``worker.exited``,
 ``worker.stopping``, ``launch.retry``, ``dispatch.failed``, ``poll.backoff``,
-``reconcile.backoff``, ``discover.failed``, ``coordinator.stopped``.
+``poll.unauthorized``, ``reconcile.backoff``, ``discover.failed``,
+``coordinator.token_malformed``, ``coordinator.refused``, ``coordinator.stopped``.
 """
 
 from __future__ import annotations
