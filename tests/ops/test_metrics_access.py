@@ -9,6 +9,7 @@ GANTRY_METRICS_CACHE_SECONDS, so a second scrape within that time runs none.
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,3 +167,22 @@ def test_the_tokens_value_never_shows_in_the_configurations_repr(metrics_env: py
     shown = repr(conf.get())
     assert "metrics_allow" in shown
     assert TOKEN not in shown
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_the_production_server_checks_too(tmp_path: Path) -> None:
+    """Under gunicorn + gantry.asgi (the fast lane on), /metrics still goes through Django and this check."""
+    from tests.asgi.server import asgi_server, get
+
+    with asgi_server(tmp_path, GANTRY_METRICS_ALLOW="", GANTRY_METRICS_TOKEN=TOKEN) as server:
+        refused = get(server.base, "/metrics")
+        assert refused.status == 401
+        assert refused.headers is not None
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+        assert get(server.base, "/metrics", token=f"{TOKEN}x").status == 403
+        with urllib.request.urlopen(
+            urllib.request.Request(f"{server.base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}), timeout=30
+        ) as resp:
+            assert resp.status == 200
+            assert "# TYPE gantry_queue_runs_waiting gauge" in resp.read().decode()
