@@ -350,7 +350,10 @@ class Coordinator:
             body = resp.json() if resp.headers.get("Content-Type", "").startswith("application/json") else None
             if resp.status == 200 and isinstance(body, dict) and {"runnable", "running"} <= body.keys():
                 return None
-            return not_gantry(self.client.server, resp.status, "the answer is not Gantry's")
+            location = resp.headers.get("Location") or resp.headers.get("location")
+            # Redirects are not followed: a token is never sent on to wherever they point.
+            why = f"redirected to {location}" if location else "the answer is not Gantry's"
+            return not_gantry(self.client.server, resp.status, why)
         return None
 
     # ------------------------------------------------------------ health

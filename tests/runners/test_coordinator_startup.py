@@ -182,12 +182,15 @@ def test_a_url_below_gantrys_root_is_not_a_gantry_server(site: Site, tmp_path: P
 
 @pytest.fixture
 def web_page() -> Iterator[str]:
-    """Some other web server on loopback: every GET answers 200 with an HTML page."""
+    """Some other web server on loopback: a GET under /moved answers a redirect, any other an HTML page."""
 
     class Page(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = b"<html><body>welcome</body></html>"
-            self.send_response(200)
+            moved = self.path.startswith("/moved/")
+            self.send_response(301 if moved else 200)
+            if moved:
+                self.send_header("Location", "https://gantry.example.com/")
             self.send_header("Content-Type", "text/html")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -204,10 +207,15 @@ def web_page() -> Iterator[str]:
     server.server_close()
 
 
-def test_a_web_server_that_is_not_gantry_exits_3(web_page: str, tmp_path: Path) -> None:
-    result = run(tmp_path, "--server", web_page, "--launcher", "fake", token=_jwt({"aud": "runner-group", "sub": "1"}))
+@pytest.mark.parametrize(("path", "says"), [("", "200, \"the answer is not Gantry's\""),
+                                           ("/moved", "301, 'redirected to https://gantry.example.com/'")])  # fmt: skip
+def test_a_web_server_that_is_not_gantry_exits_3(web_page: str, tmp_path: Path, path: str, says: str) -> None:
+    token = _jwt({"aud": "runner-group", "sub": "1"})
+    result = run(tmp_path, "--server", web_page + path, "--launcher", "fake", token=token)
     assert result.returncode == EXIT_REFUSED, result.stderr
-    assert "does not answer as a Gantry server" in result.stderr
+    [line] = [json.loads(line)["msg"] for line in result.stderr.splitlines() if "coordinator.refused" in line]
+    assert "does not answer as a Gantry server" in line
+    assert says in line
 
 
 # ---------------------------------------------------------------- health and metrics
