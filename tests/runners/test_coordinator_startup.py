@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from gantry.core import services
 from launchers.fake import FakeLauncher
 from runners.client import GantryClient
 from runners.coordinator import EXIT_REFUSED, EXIT_USAGE, Coordinator, Settings
-from runners.health import HealthServer, judge
+from runners.health import CoordinatorMetrics, HealthServer, judge
 from tests.ports import free_port
 from tests.runners.conftest import ROOT, Site, wait_until
 
@@ -321,6 +322,28 @@ def test_metrics_count_launches_failures_and_refusals(site: Site) -> None:
         assert samples[("gantry_coordinator_launch_failures_total", (("reason", "permanent"),))] == 0
     finally:
         server.stop()
+
+
+def _promtool() -> str:
+    found = shutil.which("promtool")
+    if found:
+        return found
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail("CI needs promtool for this test (.ci/apt-ensure installs the prometheus package)", pytrace=False)
+    pytest.skip("needs promtool (the Debian package prometheus)")
+
+
+def test_the_exposition_passes_promtools_lint() -> None:
+    metrics = CoordinatorMetrics("local")
+    metrics.polled("empty")
+    metrics.launch_failed("startup")
+    text = metrics.exposition(workers=2, last_contact=1_790_000_000.5)
+    checked = subprocess.run([_promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    samples = _samples(text)
+    assert samples[("gantry_coordinator_polls_total", (("outcome", "empty"),))] == 1
+    assert samples[("gantry_coordinator_launch_failures_total", (("reason", "startup"),))] == 1
+    assert samples[("gantry_coordinator_last_contact_timestamp_seconds", ())] == 1_790_000_000.5
 
 
 def test_judge_says_why_it_is_unhealthy() -> None:
