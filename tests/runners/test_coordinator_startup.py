@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -124,6 +125,20 @@ def test_a_usage_error_exits_2_with_one_line(tmp_path: Path, args: list[str], sa
     assert len(lines) == 1, result.stderr
     assert says in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_health_address_in_use_exits_2_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        token = _jwt({"aud": "runner-group", "sub": "1"})
+        result = run(tmp_path, "--server", f"http://127.0.0.1:{free_port()}", "--launcher", "fake",
+                     "--health-addr", f"127.0.0.1:{port}", token=token)  # fmt: skip
+    assert result.returncode == EXIT_USAGE, result.stderr
+    [line] = result.stderr.splitlines()
+    assert json.loads(line)["event"] == "coordinator.bad_health_addr"
+    assert f"127.0.0.1:{port}" in line
 
 
 def test_the_usage_still_shows_under_help(tmp_path: Path) -> None:
