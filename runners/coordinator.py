@@ -613,6 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if refused:
                 event(log, "coordinator.refused", "%s", refused, level=logging.ERROR)
                 return EXIT_REFUSED
+            if coordinator.stop_event.is_set():  # stopped while it waited for its server
+                event(log, "coordinator.stopped", "stopped before the server answered", workers=[])
+                return EXIT_OK
             return coordinator.run()
         finally:
             if health is not None:
