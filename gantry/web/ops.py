@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from gantry import conf
 from gantry import metrics as gantry_metrics
+from gantry.core import errors
 from gantry.sql import ops as sql
 
 log = logging.getLogger("gantry.metrics")
@@ -78,7 +79,7 @@ def _metrics_refusal(request: HttpRequest) -> JsonResponse | None:
         )
         if ok:
             return None
-        return JsonResponse({"code": "forbidden", "detail": "this token may not read /metrics"}, status=403)
+        return JsonResponse({"code": errors.Forbidden.code, "detail": "this token may not read /metrics"}, status=403)
     try:
         peer = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:
@@ -89,7 +90,7 @@ def _metrics_refusal(request: HttpRequest) -> JsonResponse | None:
         return None
     refused = JsonResponse(
         {
-            "code": "not_authenticated",
+            "code": errors.NotAuthenticated.code,
             "detail": "/metrics needs Authorization: Bearer <GANTRY_METRICS_TOKEN> "
             "or an address in GANTRY_METRICS_ALLOW",
         },

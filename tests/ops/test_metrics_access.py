@@ -9,6 +9,7 @@ GANTRY_METRICS_CACHE_SECONDS, so a second scrape within that time runs none.
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,7 @@ def test_it_refuses_an_anonymous_client_from_outside_the_allow_list(
     status, headers, body = _scrape("203.0.113.9")
     assert status == 401
     assert headers["WWW-Authenticate"].startswith("Bearer")
+    assert json.loads(body)["code"] == "not_authenticated"
     assert "acme" not in body
     assert "gantry_" not in body
 
@@ -72,6 +74,7 @@ def test_it_refuses_a_wrong_token_even_from_an_allowed_address(metrics_env: pyte
     for authorization in (f"Bearer {TOKEN}x", "Bearer ", f"Token {TOKEN}", TOKEN):
         status, _, body = _scrape("127.0.0.1", Authorization=authorization)
         assert status == 403, authorization
+        assert json.loads(body)["code"] == "forbidden"
         assert "gantry_" not in body
 
 
