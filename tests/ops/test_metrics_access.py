@@ -189,3 +189,23 @@ def test_the_production_server_checks_too(tmp_path: Path) -> None:
         ) as resp:
             assert resp.status == 200
             assert "# TYPE gantry_queue_runs_waiting gauge" in resp.read().decode()
+
+
+def test_conf_reads_the_three_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    token_file = tmp_path / "metrics-token"
+    token_file.write_text(f"{TOKEN}\n")
+    monkeypatch.setenv("GANTRY_METRICS_TOKEN_FILE", str(token_file))  # a mounted Secret, as in Kubernetes
+    monkeypatch.setenv("GANTRY_METRICS_ALLOW", " 10.0.0.0/8 ,, fd00::/8,192.0.2.7 ")
+    monkeypatch.setenv("GANTRY_METRICS_CACHE_SECONDS", "2.5")
+
+    found = conf.get.__wrapped__()  # uncached: the settings loaded stay as they are
+
+    assert found.metrics_token == TOKEN
+    assert [str(n) for n in found.metrics_allow] == ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32"]
+    assert found.metrics_cache_seconds == 2.5
+    monkeypatch.delenv("GANTRY_METRICS_TOKEN_FILE")
+    monkeypatch.delenv("GANTRY_METRICS_ALLOW")
+    monkeypatch.delenv("GANTRY_METRICS_CACHE_SECONDS")
+    defaults = conf.get.__wrapped__()
+    assert (defaults.metrics_token, defaults.metrics_cache_seconds) == ("", 5.0)
+    assert [str(n) for n in defaults.metrics_allow] == ["127.0.0.1/32", "::1/128"]
