@@ -10,6 +10,7 @@ GANTRY_METRICS_CACHE_SECONDS, so a second scrape within that time runs none.
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from django.test.utils import CaptureQueriesContext
 from gantry import conf, metrics
 from gantry.core.models import Organization
 from tests.dispatch.helpers import deploy, make_group, make_stack
+from tests.required_tools import require_tool
 
 pytestmark = pytest.mark.django_db
 
@@ -84,6 +86,15 @@ def test_the_token_reads_every_orgs_series_from_anywhere(metrics_env: pytest.Mon
     assert status == 200
     assert 'gantry_runner_group_runnable_demand{group="' in body
     assert 'org="acme"' in body
+
+
+def test_the_scrape_passes_promtools_lint(metrics_env: pytest.MonkeyPatch, acme: Organization) -> None:
+    _group_in(acme)
+    status, _, body = _scrape("203.0.113.9", Authorization=f"Bearer {TOKEN}")
+    assert status == 200
+    promtool = require_tool("promtool", "prometheus")
+    checked = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_no_token_is_accepted_when_none_is_configured(metrics_env: pytest.MonkeyPatch) -> None:

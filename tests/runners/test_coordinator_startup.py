@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,6 +37,7 @@ from runners.client import GantryClient
 from runners.coordinator import EXIT_REFUSED, EXIT_USAGE, Coordinator, Settings
 from runners.health import CoordinatorMetrics, HealthServer, judge
 from tests.ports import free_port
+from tests.required_tools import require_tool
 from tests.runners.conftest import ROOT, Site, wait_until
 
 QUICK = Settings(max_parallel=2, wait=1, backoff_base=0.01, backoff_cap=0.05, launch_retry_delay=0, idle_pause=0.01)
@@ -339,21 +339,13 @@ def test_metrics_count_launches_failures_and_refusals(site: Site) -> None:
         server.stop()
 
 
-def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found:
-        return found
-    if os.environ.get("CI", "").lower() in ("true", "1"):
-        pytest.fail("CI needs promtool for this test (.ci/apt-ensure installs the prometheus package)", pytrace=False)
-    pytest.skip("needs promtool (the Debian package prometheus)")
-
-
 def test_the_exposition_passes_promtools_lint() -> None:
     metrics = CoordinatorMetrics("local")
     metrics.polled("empty")
     metrics.launch_failed("startup")
     text = metrics.exposition(workers=2, last_contact=1_790_000_000.5)
-    checked = subprocess.run([_promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    promtool = require_tool("promtool", "prometheus")
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     samples = _samples(text)
     assert samples[("gantry_coordinator_polls_total", (("outcome", "empty"),))] == 1
