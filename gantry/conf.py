@@ -25,6 +25,7 @@ Durations are whole seconds. Read through these (cached) functions, never
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
@@ -217,6 +218,12 @@ class GantryConf:
     # Runs the retention reaper deletes per transaction, and most finished runs it examines per tick.
     retention_batch_size: int = 500
     retention_max_rows: int = 10_000
+    # /metrics access (docs/queue.md, "Who may scrape"): a bearer token (empty: none accepted) or a peer
+    # address inside one of these networks (empty: none); the database-derived series are kept this many
+    # seconds per process, so any number of scrapers cost one set of statements per period.
+    metrics_token: str = field(default="", repr=False)
+    metrics_allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    metrics_cache_seconds: float = 5.0
 
     def check(self) -> None:
         if self.stub_cutoff <= self.assignment_ttl:
@@ -234,6 +241,23 @@ class GantryConf:
             )
         if self.retention_max_rows < self.retention_batch_size:
             raise ImproperlyConfigured("GANTRY_RETENTION_MAX_ROWS must be at least GANTRY_RETENTION_BATCH_SIZE")
+
+
+# Loopback only: a scraper on the host itself, never a client behind a proxy (whose peer is the proxy).
+METRICS_ALLOW_DEFAULT = ["127.0.0.1/32", "::1/128"]
+
+
+def _metrics_allow() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    networks = []
+    for item in envlist("GANTRY_METRICS_ALLOW", METRICS_ALLOW_DEFAULT):
+        try:
+            networks.append(ipaddress.ip_network(item))
+        except ValueError:
+            # strict parsing: 10.1.2.3/8 (host bits set) is more likely a typo than a wish for all of 10/8.
+            raise ImproperlyConfigured(
+                f"GANTRY_METRICS_ALLOW must be comma-separated networks (10.0.0.0/8, ::1/128), not {item!r}"
+            ) from None
+    return tuple(networks)
 
 
 @functools.cache
@@ -258,6 +282,9 @@ def get() -> GantryConf:
         retention_days=envint("GANTRY_RETENTION_DAYS", 30, minimum=0, maximum=36_500),
         retention_batch_size=envint("GANTRY_RETENTION_BATCH_SIZE", 500, minimum=1, maximum=10_000),
         retention_max_rows=envint("GANTRY_RETENTION_MAX_ROWS", 10_000, minimum=1, maximum=1_000_000),
+        metrics_token=envstr("GANTRY_METRICS_TOKEN"),
+        metrics_allow=_metrics_allow(),
+        metrics_cache_seconds=envseconds("GANTRY_METRICS_CACHE_SECONDS", 5.0, minimum=0.0, maximum=300.0),
     )
     conf.check()
     return conf

@@ -25,19 +25,24 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar
 
 import redis
 from django.db import connections
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gantry import conf
 from gantry import redis as gantry_redis
 from gantry.dispatch import throttle
 from gantry.ticker import Ticker
 
 log = logging.getLogger("gantry.metrics")
+
+T = TypeVar("T")
 
 # Every reaper and the outcomes it counts, so each series exists (at 0) before its first event.
 REAPER_OUTCOMES: dict[str, tuple[str, ...]] = {
@@ -337,6 +342,65 @@ def flush_runs() -> None:
 _flusher = Ticker("gantry-metrics-flush", FLUSH_SECONDS, flush_runs)
 
 
+class ScrapeMemo(Generic[T]):
+    """A scrape-time value (a query's answer) kept for ``GANTRY_METRICS_CACHE_SECONDS`` in this process.
+
+    Prometheus servers in an HA pair, a second dashboard, a human with curl: every
+    scrape would otherwise run the queue's statements again. The lock makes
+    scrapes that arrive together wait for the one computing and share its
+    answer; a failure is not kept (the next scrape tries again).
+    """
+
+    _all: list[ScrapeMemo[Any]] = []
+
+    def __init__(self, compute: Callable[[], T]) -> None:
+        self._compute = compute
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._at: float | None = None
+        ScrapeMemo._all.append(self)
+
+    def get(self) -> T:
+        ttl = conf.get().metrics_cache_seconds
+        with self._lock:
+            now = time.monotonic()
+            if self._value is None or self._at is None or now - self._at >= ttl:
+                self._value = self._compute()
+                self._at = now
+            return self._value
+
+    @classmethod
+    def clear_all(cls) -> None:
+        """Forget every kept value: the next scrape computes afresh."""
+        for memo in cls._all:
+            with memo._lock:
+                memo._at = None
+                memo._value = None
+
+
+class CachedCollector(Collector):
+    """``inner``'s families, computed at most once per ``GANTRY_METRICS_CACHE_SECONDS`` (:class:`ScrapeMemo`)."""
+
+    def __init__(self, inner: Collector) -> None:
+        self._memo: ScrapeMemo[list[Metric]] = ScrapeMemo(lambda: list(inner.collect()))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._memo.get())
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # registering must not query the database
+
+
+def _org_slugs() -> dict[str, str]:
+    from gantry.core.models import Organization  # the app registry is ready by the first scrape
+
+    return {str(i): s for i, s in Organization.objects.values_list("id", "slug")}
+
+
+# One statement for every org, kept like the queue's gauges.
+_slugs = ScrapeMemo(_org_slugs)
+
+
 class RunCollector(Collector):
     """Reads the run timings and finished counts from Redis at scrape time, labelled by org slug."""
 
@@ -344,13 +408,11 @@ class RunCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        from gantry.core.models import Organization  # the app registry is ready by the first scrape
-
         flush_runs()  # this process's own latest figures, at least
         values = _read_hash(_runs_key(), "run metrics")
         if values is None:
             return []
-        slugs = {str(i): s for i, s in Organization.objects.values_list("id", "slug")}
+        slugs = _slugs.get()
         finished = CounterMetricFamily(
             "gantry_runs_finished",
             "Runs that reached a terminal status, by org and outcome.",

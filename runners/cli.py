@@ -9,9 +9,17 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 N = TypeVar("N", int, float)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (``prog: error: ...``) and exit 2, without the usage
+    block: a daemon's log collector and a test both read one line; ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def env_number(parser: argparse.ArgumentParser, name: str, convert: Callable[[str], N], default: N) -> N:

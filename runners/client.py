@@ -152,6 +152,38 @@ def _error_from(status: int, body: bytes) -> ApiError:
     return ApiError(status, f"http_{status}", text or http.client.responses.get(status, "error"), data)
 
 
+def _jwt_part(token: str, index: int) -> dict[str, Any] | None:
+    """The JSON object in part ``index`` (0 the header, 1 the claims) of a JWT, unverified; None if unreadable."""
+    try:
+        part = token.split(".")[index]
+        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (IndexError, ValueError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def group_token_problem(token: str) -> str | None:
+    """Why ``token`` cannot be a runner group token, read without its key (None when it could be one).
+
+    Only the shape: three base64url parts, a header and claims that are JSON
+    objects, audience ``runner-group`` and a group id. Whether Gantry signed it
+    and still honours it, only Gantry can say.
+    """
+    token = token.strip()
+    if token.count(".") != 2:
+        return f"a JWT has three dot-separated parts, this has {token.count('.') + 1}"
+    header, claims = _jwt_part(token, 0), _jwt_part(token, 1)
+    if header is None or claims is None:
+        return "its header or claims are not base64url-encoded JSON objects"
+    if claims.get("aud") == "runner":
+        return "it is a runner's token (audience runner), not a runner group's"
+    if claims.get("aud") != "runner-group":
+        return f"its audience is {claims.get('aud')!r}, not 'runner-group'"
+    if not str(claims.get("sub", "")).isdigit():
+        return "it names no group (claim sub)"
+    return None
+
+
 def _retry_after(headers: Mapping[str, str]) -> float | None:
     raw = headers.get("Retry-After") or headers.get("retry-after")
     try:
@@ -189,17 +221,15 @@ class GantryClient:
         self._lock = threading.Lock()
         self._inflight: set[http.client.HTTPConnection] = set()
         self._aborted = False
+        # Unix time of the last answer below 400 (the coordinator's /healthz and metrics read it).
+        self.last_success: float | None = None
 
     @property
     def token_subject(self) -> str:
         """The ``sub`` claim of this client's JWT (a group token's group id), read without verifying it:
         the server verifies; the client only needs to know which group it speaks for. Empty if unreadable."""
-        try:
-            payload = (self.token or "").split(".")[1]
-            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        except (IndexError, ValueError, TypeError):
-            return ""
-        return str(claims.get("sub", "")) if isinstance(claims, dict) else ""
+        claims = _jwt_part(self.token or "", 1)
+        return str(claims.get("sub", "")) if claims is not None else ""
 
     # ------------------------------------------------------------ plumbing
 
@@ -266,6 +296,7 @@ class GantryClient:
                 wait = None
             else:
                 if resp.status < 400:
+                    self.last_success = time.time()
                     return resp
                 error = _error_from(resp.status, resp.body)
                 wait = _retry_after(resp.headers) if resp.status == 429 else None
@@ -338,6 +369,11 @@ class GantryClient:
             runner_token=str(data["runner_token"]),
             assigned_expires_at=str(data["assigned_expires_at"]),
         )
+
+    def group_demand(self) -> Response:
+        """``GET /runner-groups/demand``: the cheapest call a group token may make, and side-effect free
+        (the coordinator's start-up check). Not retried, and the raw answer: the caller judges its shape."""
+        return self.request("GET", "/api/v1/runner-groups/demand", retry=NO_RETRY, abortable=True)
 
     def reconcile(self, workers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Report the group's workers (docs/protocol.md, "Reconcile"); answers (stop orders, exits to report again).

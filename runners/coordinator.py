@@ -25,10 +25,17 @@ launch in hand, take a last reconcile turn, exit 0. Running workers are left
 alone: they finish their runs by themselves, and the next coordinator
 re-attaches to them. A second signal exits at once.
 
+Before the first poll, one call with the token (``check_server``) tells a
+refused token or a URL that is not Gantry (exit 3) from a server that is not
+up yet (waited for). Usage errors exit 2 with one line (docs/runners.md,
+"Exit codes"). ``--health-addr`` serves ``/healthz`` and ``/metrics``
+(``runners.health``).
+
 Log lines are JSON with a stable ``event``: ``coordinator.started``,
 ``run.claimed``, ``worker.launched``, ``worker.reattached``, ``worker.exited``,
 ``worker.stopping``, ``launch.retry``, ``dispatch.failed``, ``poll.backoff``,
-``reconcile.backoff``, ``discover.failed``, ``coordinator.stopped``.
+``poll.unauthorized``, ``reconcile.backoff``, ``discover.failed``,
+``coordinator.token_malformed``, ``coordinator.refused``, ``coordinator.stopped``.
 """
 
 from __future__ import annotations
@@ -38,10 +45,12 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +60,18 @@ import launchers
 from gantry_wire import logsetup
 from gantry_wire.logsetup import event
 from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
-from runners.cli import check_range, env_number
-from runners.client import DEFAULT_RETRY, ApiError, Backoff, Claim, GantryClient, RequestAborted, RetryPolicy
+from runners.cli import OneLineParser, check_range, env_number
+from runners.client import (
+    DEFAULT_RETRY,
+    ApiError,
+    Backoff,
+    Claim,
+    GantryClient,
+    RequestAborted,
+    RetryPolicy,
+    group_token_problem,
+)
+from runners.health import CoordinatorMetrics, HealthServer, Verdict, judge, parse_addr
 from runners.reconcile import Fleet, Reconciler, describe
 
 log = logging.getLogger("gantry.coordinator")
@@ -60,6 +79,10 @@ log = logging.getLogger("gantry.coordinator")
 EXIT_OK = 0
 EXIT_LOCKED = 1
 EXIT_USAGE = 2
+# The token is malformed or refused, or the URL is not a Gantry server: trying again cannot help.
+EXIT_REFUSED = 3
+
+PROG = "python -m runners.coordinator"
 
 
 @dataclass
@@ -124,6 +147,12 @@ class Coordinator:
         self.claimed = 0
         self.launched = 0
         self.dispatch_failures = 0
+        self.metrics = CoordinatorMetrics(launcher.kind or type(launcher).__name__)
+        self.started_at = time.time()
+        # The poll loop's heartbeat (monotonic), taken at every turn; a launch in hand may take
+        # as long as its launcher needs (an image pull), so it is not held against the loop.
+        self._poll_beat = time.monotonic()
+        self._launching = False
 
     @property
     def workers(self) -> dict[str, WorkerHandle]:
@@ -166,6 +195,7 @@ class Coordinator:
 
     def poll_turn(self) -> None:
         """Poll and launch if there is room, else wait for a slot."""
+        self._poll_beat = time.monotonic()
         if len(self.fleet) >= self.settings.max_parallel:
             self.fleet.wait_for_room(self.settings.max_parallel, timeout=1.0)
             return
@@ -179,9 +209,11 @@ class Coordinator:
         except RequestAborted:
             return  # stopping
         except ApiError as exc:
+            self.metrics.polled("unauthorized" if exc.status == 401 else "error")
             self._poll_failed(exc)
             return
         self._poll_backoff.succeeded()
+        self.metrics.polled("empty" if claim is None else "assigned")
         if claim is None:
             # A long poll that ends empty asks again at once; an instant empty
             # answer (wait=0) would hot-loop, so pause.
@@ -193,6 +225,7 @@ class Coordinator:
     def reattach(self) -> None:
         backoff = Backoff(self.settings.backoff())
         while True:
+            self._poll_beat = time.monotonic()
             try:
                 found = self.launcher.discover()
                 break
@@ -227,34 +260,44 @@ class Coordinator:
         )
         retry = self.settings.launch_retry()
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                handle = self.launcher.launch(assignment)
-                break
-            except LaunchError as exc:
-                error = exc
-            except Exception as exc:  # a launcher bug must not strand a claimed run or kill the daemon
-                log.exception("launcher error", extra={"event": "launch.crashed", "run_id": claim.run_id})
-                error = LaunchError(f"{type(exc).__name__}: {exc}", permanent=True)
-            if error.permanent or attempt >= retry.attempts:
-                self._dispatch_failed(claim.run_id, claim.runner_id, error)
-                return
-            event(log, "launch.retry", "launch of run %s failed (transient), retrying: %s", claim.run_id,
-                  error.message, level=logging.WARNING, run_id=claim.run_id, attempt=attempt)  # fmt: skip
-            # Not interrupted by a stop: the run is claimed and this is the step in hand.
-            time.sleep(retry.delay(attempt))
+        self._launching = True
+        try:
+            while True:
+                attempt += 1
+                reason = "permanent"
+                try:
+                    handle = self.launcher.launch(assignment)
+                    break
+                except LaunchError as exc:
+                    error = exc
+                except Exception as exc:  # a launcher bug must not strand a claimed run or kill the daemon
+                    log.exception("launcher error", extra={"event": "launch.crashed", "run_id": claim.run_id})
+                    error = LaunchError(f"{type(exc).__name__}: {exc}", permanent=True)
+                    reason = "launcher_error"
+                if error.permanent or attempt >= retry.attempts:
+                    self._dispatch_failed(claim.run_id, claim.runner_id, error,
+                                          reason=reason if error.permanent else "retries_exhausted")  # fmt: skip
+                    return
+                event(log, "launch.retry", "launch of run %s failed (transient), retrying: %s", claim.run_id,
+                      error.message, level=logging.WARNING, run_id=claim.run_id, attempt=attempt)  # fmt: skip
+                # Not interrupted by a stop: the run is claimed and this is the step in hand.
+                time.sleep(retry.delay(attempt))
+        finally:
+            self._launching = False
+            self._poll_beat = time.monotonic()
         self.launched += 1
+        self.metrics.launched()
         self._launch_backoff.succeeded()
         self.fleet.add(handle)
         event(log, "worker.launched", "launched %s for run %s", describe(handle), claim.run_id,
               run_id=claim.run_id, runner_id=claim.runner_id, worker=handle.ident)  # fmt: skip
 
     def _startup_failed(self, handle: WorkerHandle, error: LaunchError) -> None:
-        self._dispatch_failed(handle.run_id, handle.runner_id, error)
+        self._dispatch_failed(handle.run_id, handle.runner_id, error, reason="startup")
 
-    def _dispatch_failed(self, run_id: str, runner_id: str, error: LaunchError) -> None:
+    def _dispatch_failed(self, run_id: str, runner_id: str, error: LaunchError, *, reason: str) -> None:
         self.dispatch_failures += 1
+        self.metrics.launch_failed(reason)
         event(log, "dispatch.failed", "dispatch failed for run %s: %s", run_id, error.message,
               level=logging.ERROR, run_id=run_id, runner_id=runner_id, permanent=error.permanent)  # fmt: skip
         try:
@@ -271,15 +314,122 @@ class Coordinator:
 
     def _poll_failed(self, exc: ApiError) -> None:
         if exc.status == 401:
-            event(log, "poll.unauthorized", "the group token was refused (rotated or revoked?): %s", exc.detail,
-                  level=logging.ERROR)  # fmt: skip
+            # Still retried: an operator may be about to fix it (a key rotated in on the
+            # servers one by one), and a coordinator that exits would restart into the same.
+            event(log, "poll.unauthorized", "%s", refusal(exc), level=logging.ERROR, code=exc.code)
         delay = self._poll_backoff.failed()
         self._log_backoff("poll failed", delay, self._poll_backoff.failures, str(exc), status=exc.status)
         self.stop_event.wait(delay)
 
+    # ------------------------------------------------------------ start-up check
+
+    def check_server(self) -> str | None:
+        """One call with the token before the first poll: None when Gantry accepted it (or a signal
+        stopped the wait), else why this coordinator cannot work (the token refused, not a Gantry server).
+
+        A server that cannot be reached or answers 5xx is waited for, with the
+        loops' backoff: in Kubernetes or Compose the coordinator often starts
+        before the server does.
+        """
+        backoff = Backoff(self.settings.backoff())
+        while not self.stop_event.is_set():
+            self._poll_beat = time.monotonic()  # this thread's loop, before the polls
+            try:
+                resp = self.client.group_demand()
+            except RequestAborted:
+                return None
+            except ApiError as exc:
+                if exc.transient:
+                    delay = backoff.failed()
+                    self._log_backoff("server check failed", delay, backoff.failures, str(exc), status=exc.status)
+                    self.stop_event.wait(delay)
+                    continue
+                if exc.status in (401, 403) and isinstance(exc.body, dict):
+                    return refusal(exc)
+                return not_gantry(self.client.server, exc.status, exc.detail)
+            body = resp.json() if resp.headers.get("Content-Type", "").startswith("application/json") else None
+            if resp.status == 200 and isinstance(body, dict) and {"runnable", "running"} <= body.keys():
+                return None
+            location = resp.headers.get("Location") or resp.headers.get("location")
+            # Redirects are not followed: a token is never sent on to wherever they point.
+            why = f"redirected to {location}" if location else "the answer is not Gantry's"
+            return not_gantry(self.client.server, resp.status, why)
+        return None
+
+    # ------------------------------------------------------------ health
+
+    def stale_after(self) -> float:
+        """Seconds without a successful answer from Gantry after which ``/healthz`` says 503.
+
+        The longest a healthy coordinator goes without one: a long poll and its
+        timeout (twice: an answer lost at the end of one), the reconciler's
+        period and a timeout (while at capacity, no poll is sent), or three
+        backoff pauses at their cap (a server restarting).
+        """
+        s, timeout = self.settings, self.client.timeout
+        return max(3 * s.backoff_cap, 2 * s.wait + timeout, 2 * s.reconcile_interval + timeout)
+
+    def verdict(self) -> Verdict:
+        """What ``/healthz`` answers (runners.health.judge): the loops alive, the last answer recent."""
+        bound = self.stale_after()
+        poll_alive = self._launching or time.monotonic() - self._poll_beat <= bound
+        contacts = [t for t in (self.client.last_success, self.reconciler.client.last_success) if t is not None]
+        return judge(
+            loops={"poll": poll_alive, "reconcile": self.reconciler.alive},
+            last_contact=max(contacts, default=None),
+            started=self.started_at,
+            stale_after=bound,
+        )
+
+    def metrics_text(self) -> str:
+        contacts = [t for t in (self.client.last_success, self.reconciler.client.last_success) if t is not None]
+        return self.metrics.exposition(workers=len(self.fleet), last_contact=max(contacts, default=None))
+
     def _log_backoff(self, why: str, delay: float, failures: int, error: str, *, status: int | None) -> None:
         event(log, "poll.backoff", "%s (%s); backing off %.1fs", why, error, delay, level=logging.WARNING,
               seconds=round(delay, 3), failures=failures, status=status)  # fmt: skip
+
+
+def refusal(exc: ApiError) -> str:
+    """Which refusal a 401 or 403 is, from the server's error: a token it cannot verify, or one it no longer honours.
+
+    The shape of the token was checked at start (``group_token_problem``), so a
+    token the server cannot verify was signed elsewhere (another Gantry, a
+    retired key) or has expired; one it verifies but refuses was revoked.
+    """
+    if exc.status == 403:
+        return f"the server takes this token but not as a runner group's ({exc.code}: {exc.detail})"
+    if exc.detail.startswith("invalid token") or "audience" in exc.detail:
+        return (
+            "the server cannot verify the group token (malformed for it, signed by another Gantry or with a "
+            f"retired key, or expired): {exc.detail}"
+        )
+    return f"the server refused the group token: revoked (the group's token was rotated) or unknown: {exc.detail}"
+
+
+def not_gantry(server: str, status: int, detail: str) -> str:
+    return (
+        f"{server} does not answer as a Gantry server (GET /api/v1/runner-groups/demand: {status}, "
+        f"{detail[:120]!r}); --server is Gantry's root URL, as in the browser"
+    )
+
+
+def server_url_problem(value: str) -> str | None:
+    """Why ``value`` cannot be Gantry's root URL (``--server``), or None."""
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        return f"--server must be an http:// or https:// URL (Gantry's root, as in the browser), not {value!r}"
+    if not parts.hostname:
+        return f"--server names no host: {value!r}"
+    try:
+        parts.port  # noqa: B018 (a malformed port raises)
+    except ValueError:
+        return f"--server has a malformed port: {value!r}"
+    if re.search(r"(^|/)api(/|$)", parts.path):
+        return f"--server is Gantry's root URL, without /api/v1: {parts.scheme}://{parts.netloc}{parts.path.split('/api')[0]}"
+    if parts.query or parts.fragment:
+        return f"--server takes no query or fragment: {value!r}"
+    return None
 
 
 # ---------------------------------------------------------------- CLI
@@ -309,8 +459,8 @@ def default_state_dir() -> Path:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     env = os.environ
-    parser = argparse.ArgumentParser(
-        prog="python -m runners.coordinator",
+    parser = OneLineParser(
+        prog=PROG,
         description="Long-poll Gantry for a runner group's runs and start an ephemeral runner for each. "
         "Every flag has an environment variable; prefer GANTRY_GROUP_TOKEN (or --token-file) over --token, "
         "which any user on the host can read with ps.",
@@ -361,6 +511,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--backoff-cap", type=float, default=30.0, help="longest pause after errors (default 30 s)")
     parser.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout on top of the poll's wait")
+    parser.add_argument(
+        "--health-addr",
+        default=env.get("GANTRY_COORDINATOR_HEALTH_ADDR") or None,
+        metavar="HOST:PORT",
+        help="serve GET /healthz and GET /metrics there (0.0.0.0:8081 in a pod) [GANTRY_COORDINATOR_HEALTH_ADDR; "
+        "default off]",
+    )
     parser.add_argument("--log-level", default=env.get("GANTRY_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     # Not a flag: the runners this coordinator starts inherit the variable and
@@ -375,11 +532,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--token-file: {exc}")
     if not args.server:
         parser.error("--server (or GANTRY_SERVER) is required")
+    problem = server_url_problem(args.server)
+    if problem:
+        parser.error(problem)
+    if args.launcher not in launchers.kinds():
+        known = ", ".join(launchers.kinds())
+        parser.error(f"--launcher (GANTRY_LAUNCHER) must be one of {known}, not {args.launcher!r}")
+    if args.health_addr is not None:
+        try:
+            args.health_addr = parse_addr(args.health_addr)
+        except ValueError as exc:
+            parser.error(str(exc))
     if not token:
         parser.error("a group token is required: GANTRY_GROUP_TOKEN, --token-file or --token")
     check_range(parser, args.max_parallel, "--max-parallel (GANTRY_MAX_PARALLEL)", 1, None)
     check_range(parser, args.wait, "--wait (GANTRY_POLL_WAIT)", 0, 30)
     check_range(parser, args.reconcile_interval, "--reconcile-interval (GANTRY_RECONCILE_INTERVAL)", 0.1, 300)
+    check_range(parser, args.backoff_cap, "--backoff-cap", 0.01, None)
+    check_range(parser, args.timeout, "--timeout", 0.1, None)
     options: dict[str, str] = {}
     for item in args.launcher_option:
         key, sep, value = item.partition("=")
@@ -409,6 +579,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             event(log, "coordinator.bad_launcher", "%s", exc, level=logging.ERROR)
             return EXIT_USAGE
+        # Checked here, after the options (a usage error is 2 whatever the token), before any request.
+        problem = group_token_problem(args.token)
+        if problem:
+            event(log, "coordinator.token_malformed", "the group token is malformed: %s", problem, level=logging.ERROR)
+            return EXIT_REFUSED
         client = GantryClient(args.server, args.token, timeout=args.timeout, retry=DEFAULT_RETRY)
         settings = Settings(
             max_parallel=args.max_parallel,
@@ -419,11 +594,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         coordinator = Coordinator(client, launcher, settings)
         coordinator.install_signal_handlers()
-        event(log, "coordinator.started", "coordinator for %s: launcher %s, up to %d workers, state %s",
-              args.server, args.launcher, args.max_parallel, state_dir, server=args.server, launcher=args.launcher,
-              max_parallel=args.max_parallel, state_dir=str(state_dir), pid=os.getpid(),
-              reconcile_interval=args.reconcile_interval)  # fmt: skip
-        return coordinator.run()
+        health = None
+        if args.health_addr is not None:
+            try:
+                health = HealthServer(args.health_addr, coordinator.verdict, coordinator.metrics_text)
+            except OSError as exc:
+                event(log, "coordinator.bad_health_addr", "--health-addr %s:%d: %s", *args.health_addr,
+                      exc.strerror or exc, level=logging.ERROR)  # fmt: skip
+                return EXIT_USAGE
+            health.start()
+        try:
+            event(log, "coordinator.started", "coordinator for %s: launcher %s, up to %d workers, state %s",
+                  args.server, args.launcher, args.max_parallel, state_dir, server=args.server,
+                  launcher=args.launcher, max_parallel=args.max_parallel, state_dir=str(state_dir), pid=os.getpid(),
+                  reconcile_interval=args.reconcile_interval,
+                  health_addr=None if health is None else f"{health.address[0]}:{health.address[1]}")  # fmt: skip
+            refused = coordinator.check_server()
+            if refused:
+                event(log, "coordinator.refused", "%s", refused, level=logging.ERROR)
+                return EXIT_REFUSED
+            if coordinator.stop_event.is_set():  # stopped while it waited for its server
+                event(log, "coordinator.stopped", "stopped before the server answered", workers=[])
+                return EXIT_OK
+            return coordinator.run()
+        finally:
+            if health is not None:
+                health.stop()
 
 
 if __name__ == "__main__":

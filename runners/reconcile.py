@@ -141,6 +141,11 @@ class Reconciler:
         """Take a turn now (safe from any thread)."""
         self._wake.set()
 
+    @property
+    def alive(self) -> bool:
+        """The thread runs, or was never started (a coordinator still checking its server, tests' turns)."""
+        return self._thread is None or self._thread.is_alive() or self._stopped.is_set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         self._thread.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from gantry import conf
 from gantry.core import services
 from gantry.core.models import Membership, Organization, Role, RunnerGroup, Stack
 from gantry.dispatch import longpoll
@@ -58,6 +60,12 @@ def _serialise_ast_parse() -> None:
 
 
 _serialise_ast_parse()
+
+# Tests scrape /metrics right after each change they make, so the scrape cache
+# is off for the suite (and the servers it starts, which inherit the variable);
+# tests/ops/test_metrics_access.py turns it on to test it.
+os.environ.setdefault("GANTRY_METRICS_CACHE_SECONDS", "0")
+conf.get.cache_clear()  # settings.py read it before this module ran
 
 SPEC: dict[str, Any] = {"steps": [{"name": "hello", "run": "echo hello"}], "env": {}, "timeout_seconds": 60}
 

@@ -9,10 +9,11 @@ class DispatchConfig(AppConfig):
 
     def ready(self) -> None:
         # The queue's gauges come from the database at scrape time, on the
-        # registry only /metrics reads (gantry.metrics.SCRAPE_REGISTRY).
+        # registry only /metrics reads (gantry.metrics.SCRAPE_REGISTRY), kept a few
+        # seconds (GANTRY_METRICS_CACHE_SECONDS) so scrapers share one set of statements.
         from gantry import metrics
         from gantry.dispatch.demand import QueueCollector
 
         if not getattr(metrics.SCRAPE_REGISTRY, "_gantry_queue", False):
-            metrics.SCRAPE_REGISTRY.register(QueueCollector())
+            metrics.SCRAPE_REGISTRY.register(metrics.CachedCollector(QueueCollector()))
             metrics.SCRAPE_REGISTRY._gantry_queue = True  # type: ignore[attr-defined]

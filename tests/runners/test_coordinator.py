@@ -182,7 +182,8 @@ def test_a_rotated_token_is_logged_and_backed_off(site: Site, caplog: pytest.Log
     services.runner_group_rotate_token(group=site.group)
     coord = coordinator(site, FakeLauncher(), token=old)
     coord.step()
-    assert events(caplog, "poll.unauthorized")
+    [refused] = events(caplog, "poll.unauthorized")
+    assert "revoked" in refused.getMessage()  # which refusal, from the server's error
     assert events(caplog, "poll.backoff")[0].status == 401  # type: ignore[attr-defined]
 
 
