@@ -283,14 +283,21 @@ class Gantry:
         )  # fmt: skip
         wait_for(lambda: port_open(port), 60, "gunicorn to listen")
 
-    def start_worker(self, *, name: str = "worker", concurrency: int = 1, env: dict[str, str] | None = None) -> None:
+    def start_worker(
+        self,
+        *,
+        name: str = "worker",
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        loglevel: str = "WARNING",
+    ) -> None:
         """A Celery worker with beat embedded (``-B``), its schedule file its own."""
         self.supervisor.start(
             name,
             [
                 PYTHON, "-m", "celery", "-A", "gantry", "worker", "-B", "--concurrency", str(concurrency),
                 "--without-gossip", "--without-mingle", "--hostname", f"{name}@%h",
-                "--loglevel", "WARNING", "--schedule", str(self.tmp / f"celerybeat-schedule-{name}"),
+                "--loglevel", loglevel, "--schedule", str(self.tmp / f"celerybeat-schedule-{name}"),
             ],
             env or self.env,
         )  # fmt: skip
