@@ -47,6 +47,9 @@ def config(port: int, servers: dict[str, int], stats_socket: Path) -> str:
         "    timeout client 60s",
         f"    timeout server {SERVER_TIMEOUT}",
         "    timeout http-request 10s",
+        # /readyz reads PostgreSQL and Redis: on two busy cores it may take over a second, which must
+        # not mark a live server DOWN (haproxy's default check timeout is the interval).
+        "    timeout check 5s",
         "    timeout queue 10s",
         # A backend that refuses the connection or closes it without an answer (a crash) gets the
         # request again on another server. Every call a runner or coordinator makes is safe to send
@@ -64,7 +67,7 @@ def config(port: int, servers: dict[str, int], stats_socket: Path) -> str:
         "    balance leastconn",
         "    option httpchk GET /readyz",
         "    http-check expect status 200",
-        "    default-server inter 1s fall 2 rise 2",
+        "    default-server inter 1s fall 3 rise 2",
         *(f"    server {name} 127.0.0.1:{p} check" for name, p in servers.items()),
     ]
     return "\n".join(lines) + "\n"
@@ -149,16 +152,31 @@ class Balancer:
                 return row.get("status", "").startswith("UP")
         return False
 
-    def stats(self) -> list[dict[str, str]]:
-        """``show stat``: one row per frontend, backend and server (haproxy's CSV)."""
+    def parked(self, min_age: int = 1) -> list[str]:
+        """The servers holding a request open for ``min_age`` seconds or more (``show sess``: one stream per
+        request): a parked long poll, as nothing else Gantry answers takes that long."""
+        found = []
+        for line in self.command("show sess").splitlines():
+            fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+            age = fields.get("age", "0s")
+            if fields.get("be") == "web" and age.endswith("s") and age[:-1].isdigit() and int(age[:-1]) >= min_age:
+                found.append(fields.get("srv", ""))
+        return [server for server in found if server in self.servers]
+
+    def command(self, command: str) -> str:
+        """One command on haproxy's stats socket, its whole answer."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(5)
             sock.connect(str(self.stats_socket))
-            sock.sendall(b"show stat\n")
+            sock.sendall(command.encode() + b"\n")
             data = b""
             while chunk := sock.recv(65536):
                 data += chunk
-        lines = data.decode().splitlines()
+        return data.decode()
+
+    def stats(self) -> list[dict[str, str]]:
+        """``show stat``: one row per frontend, backend and server (haproxy's CSV)."""
+        lines = self.command("show stat").splitlines()
         header = lines[0].lstrip("# ").split(",")
         return [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
 

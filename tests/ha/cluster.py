@@ -36,9 +36,14 @@ from tests.chaos.schedule import Fault, Plan, Submit
 from tests.e2e.conftest import _admin_url
 from tests.github.fakes import FakeGitHub, OidcIssuer
 from tests.ha.balancer import Balancer, Request, auth_crc
+from tests.ports import free_port
 
-# At least 300 runs (issue 23): stacks per runner group, each queued DEPTH deployments.
+# At least 300 runs (issue 23): stacks per runner group, each queued DEPTH deployments. Groups a and b
+# are self-hosted, each with its coordinator; gha is a github_actions group, the dispatchers'.
 STACKS = {"a": 24, "b": 24, "gha": 12}
+# A self-hosted group with nothing queued: its coordinator's poll is parked nearly all the time, so
+# every web kill cuts a parked poll (the busy coordinators' polls mostly return a claim at once).
+IDLE_GROUP = "idle"
 DEPTH = 5
 RUNS = sum(STACKS.values()) * DEPTH
 # Deployments are queued over this many seconds; the kills fall inside it.
@@ -46,11 +51,12 @@ WINDOW = 40.0
 MAX_PARALLEL = 6
 # One kill of each kind, then each again on the other replica; each is started again RESTART_AFTER later.
 RESTART_AFTER = 3.0
+# A web kill's target is chosen when it strikes: the web process a long poll is parked on.
 KILLS = (
-    (6.0, "web_kill", "web-a"),
+    (6.0, "web_kill", ""),
     (12.0, "worker_kill", "worker-a"),
     (18.0, "dispatcher_kill", "dispatcher-a"),
-    (24.0, "web_kill", "web-b"),
+    (24.0, "web_kill", ""),
     (30.0, "worker_kill", "worker-b"),
     (36.0, "dispatcher_kill", "dispatcher-b"),
 )
@@ -109,6 +115,7 @@ class Cluster(Chaos):
         self.balancer: Balancer | None = None
         self.token_files: dict[str, Path] = {}
         self.web_ports: dict[str, int] = {}
+        self.targets: dict[Fault, str] = {}  # what each fault killed
 
     # ------------------------------------------------------------ boot
 
@@ -129,10 +136,7 @@ class Cluster(Chaos):
         self.github.actions = True
         self.github.variables = {"GANTRY_OIDC_AUDIENCE": AUDIENCE}
         self.github.actions_env = {"GANTRY_STOP_GRACE": "3"}
-        self.web_ports = {"web-a": 0, "web-b": 0}
-        from tests.ports import free_port
-
-        self.web_ports = {name: free_port() for name in self.web_ports}
+        self.web_ports = {name: free_port() for name in ("web-a", "web-b")}
         self.balancer = Balancer(self.supervisor, self.tmp / "haproxy", dict(self.web_ports))
         base = gantry_env(
             DATABASE_URL=_admin_url(settings.DATABASE_URL, self.database),
@@ -170,7 +174,7 @@ class Cluster(Chaos):
         self.api = GantryClient(self.balancer.url, token, scheme="Token", timeout=30, retry=PATIENT)
         self.api.request("POST", "/api/v1/orgs", body={"slug": "ha", "name": "High availability"})
         self.api.request("PUT", "/api/v1/orgs/ha/runs-per-hour-limit", body={"runs_per_hour_limit": 1_000_000})
-        for group in STACKS:
+        for group in (*STACKS, IDLE_GROUP):
             body: dict[str, Any] = {"name": f"ha-{group}", "labels": {"ha": group}}
             if group == "gha":
                 body |= {
@@ -210,20 +214,26 @@ class Cluster(Chaos):
     # ------------------------------------------------------------ the faults
 
     def strike(self, fault: Fault, at: float) -> None:
-        """SIGKILL the named process and its children (its process group): a crash, not a stop."""
-        if fault.kind == "web_kill":
-            # The other web process must be serving: one down at a time is what the cluster promises.
-            other = next(name for name in self.web_ports if name != fault.target)
-            wait_for(lambda: self.balancer_up(other), 30, f"{other} to be UP before {fault.target} is killed")
-        self.result.kills.append(Kill(fault.kind, fault.target, time.time()))
-        self.supervisor.kill(fault.target, group=True)
-        self.out.faults.append((at, fault.kind, fault.target))
+        """SIGKILL the process and its children (its process group): a crash, not a stop."""
+        target = fault.target or self.web_to_kill()
+        self.targets[fault] = target
+        self.result.kills.append(Kill(fault.kind, target, time.time()))
+        self.supervisor.kill(target, group=True)
+        self.out.faults.append((at, fault.kind, target))
+
+    def web_to_kill(self) -> str:
+        """Both web processes UP (one down at a time is what the cluster promises), and a long poll parked
+        on the one answered."""
+        assert self.balancer is not None
+        wait_for(lambda: all(self.balancer_up(name) for name in self.web_ports), 60, "both web processes UP")
+        parked: list[str] = wait_for(self.balancer.parked, 30, "a long poll parked at a web process", 0.2)
+        return parked[0]
 
     def recover(self, fault: Fault) -> None:
-        assert self.gantry is not None
-        self.supervisor.restart(fault.target)
+        target = self.targets[fault]
+        self.supervisor.restart(target)
         if fault.kind == "web_kill":
-            wait_for(lambda: self.balancer_up(fault.target), 60, f"{fault.target} to be UP again")
+            wait_for(lambda: self.balancer_up(target), 60, f"{target} to be UP again")
 
     # ------------------------------------------------------------ the database, for what no API answers
 

@@ -57,7 +57,11 @@ def summary(result: ClusterOutcome) -> list[str]:
     return [
         f"seed={out.plan.seed} (repeat the plan with GANTRY_HA_SEED={out.plan.seed}); data in {out.tmp}",
         f"runs={len(out.runs)} (planned {out.plan.deployments}; {result.workflow_runs} GitHub workflow runs)",
-        "kills: " + " ".join(f"{k}={kills[k]}" for k in KINDS) + " (each SIGKILL of the process group, restarted)",
+        "kills: "
+        + " ".join(f"{k}={kills[k]}" for k in KINDS)
+        + " (SIGKILL of the process group, restarted 3 s later: "
+        + ", ".join(kill.target for kill in result.kills)
+        + ")",
         "outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items())),
         f"executed twice={twice} (accepted twice in run_event={len(result.accepted_twice)}) "
         f"lost={len(lost_runs(out))} not terminal={sum(1 for r in out.runs.values() if r['status'] not in TERMINAL)}",
@@ -67,8 +71,10 @@ def summary(result: ClusterOutcome) -> list[str]:
         f"polls parked on a killed web={len(cut)}: re-sent by the balancer={resent}, "
         f"re-polled by the coordinator={len(waits)} (max {max(waits, default=0):.1f}s after the kill; "
         f"bound {BACKOFF_BOUND}s)",
-        "beat ticks sent: " + ", ".join(f"{k}={v}" for k, v in sorted(result.beat_ticks.items()))
-        + "; reaper sweeps: " + ", ".join(f"{k}={v:.0f}" for k, v in sorted(result.sweeps.items())),
+        "beat ticks sent: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(result.beat_ticks.items()))
+        + "; reaper sweeps: "
+        + ", ".join(f"{k}={v:.0f}" for k, v in sorted(result.sweeps.items())),
         "seconds: "
         + ", ".join(f"{k} {v:.0f}" for k, v in out.seconds.items())
         + f", queue to all terminal {result.play_seconds:.0f}",
