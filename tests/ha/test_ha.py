@@ -19,7 +19,14 @@ from collections import Counter
 import pytest
 
 from tests.chaos.driver import TERMINAL
-from tests.chaos.test_chaos import DOCUMENTED_FAILURES, STARTUP_TIMEOUT_REASON, lost_runs, outcome_of, whole_log
+from tests.chaos.test_chaos import (
+    DOCUMENTED_FAILURES,
+    STARTUP_TIMEOUT_REASON,
+    TRACEBACK,
+    lost_runs,
+    outcome_of,
+    whole_log,
+)
 from tests.figures import add_figures
 from tests.ha import cluster
 from tests.ha.balancer import haproxy_binary
@@ -146,3 +153,16 @@ def test_both_beats_sent_the_reapers_ticks(ha: ClusterOutcome) -> None:
     and the checks above (none executed twice, none lost) held."""
     assert set(ha.beat_ticks) == {"worker-a", "worker-b"}
     assert min(ha.beat_ticks.values()) > 0, ha.beat_ticks
+
+
+@pytest.mark.parametrize("kind", ["web", "worker", "dispatcher", "coordinator", "runners"])
+def test_no_traceback_in_any_process_log(ha: ClusterOutcome, kind: str) -> None:
+    """A crash of one process shows up in the others' logs as a retried call or a backoff, never a traceback."""
+    found = [
+        f"{path.name}: {line[:300]}"
+        for path in ha.chaos.process_logs[kind]
+        if path.exists()
+        for line in path.read_text(errors="replace").splitlines()
+        if TRACEBACK in line
+    ]
+    assert found == []
