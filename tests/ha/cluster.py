@@ -48,7 +48,13 @@ DEPTH = 5
 RUNS = sum(STACKS.values()) * DEPTH
 # Deployments are queued over this many seconds; the kills fall inside it.
 WINDOW = 40.0
-MAX_PARALLEL = 6
+# The coordinators of each self-hosted group, and how many runners each may run at once. Group b has
+# two (several coordinators may serve one group); the idle group's only ever parks polls.
+COORDINATORS = {
+    "a": {"coordinator-a": 6},
+    "b": {"coordinator-b1": 3, "coordinator-b2": 3},
+    "idle": {"coordinator-idle": 1},
+}
 # One kill of each kind, then each again on the other replica; each is started again RESTART_AFTER later.
 RESTART_AFTER = 3.0
 # A web kill's target is chosen when it strikes: the web process a long poll is parked on.
@@ -96,7 +102,7 @@ class ClusterOutcome:
     kills: list[Kill] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)  # the balancer's log
     stats: list[dict[str, str]] = field(default_factory=list)  # haproxy's `show stat` at the end
-    coordinator_crcs: dict[str, str] = field(default_factory=dict)  # crc32 of its Authorization → coordinator
+    coordinator_crcs: dict[str, str] = field(default_factory=dict)  # crc32 of a group's token → its coordinators
     accepted_twice: dict[str, int] = field(default_factory=dict)  # run id → its `accepted` events, when > 1
     sweeps: dict[str, float] = field(default_factory=dict)  # reaper → sweeps, from the server's /metrics
     beat_ticks: dict[str, int] = field(default_factory=dict)  # worker → ticks its beat sent
@@ -113,9 +119,10 @@ class Cluster(Chaos):
         self.github: FakeGitHub | None = None
         self.issuer: OidcIssuer | None = None
         self.balancer: Balancer | None = None
-        self.token_files: dict[str, Path] = {}
+        self.token_files: dict[str, Path] = {}  # coordinator → its group's token file
         self.web_ports: dict[str, int] = {}
         self.targets: dict[Fault, str] = {}  # what each fault killed
+        self.max_parallel = {name: n for coordinators in COORDINATORS.values() for name, n in coordinators.items()}
 
     # ------------------------------------------------------------ boot
 
@@ -186,8 +193,10 @@ class Cluster(Chaos):
                 path = self.tmp / f"token-{group}"
                 path.write_text(made["token"])
                 path.chmod(0o600)
-                self.token_files[f"coordinator-{group}"] = path
-                self.result.coordinator_crcs[auth_crc(f"Bearer {made['token']}")] = f"coordinator-{group}"
+                for name in COORDINATORS[group]:
+                    self.token_files[name] = path
+                # Polls are told apart by group: the coordinators of one group share its token.
+                self.result.coordinator_crcs[auth_crc(f"Bearer {made['token']}")] = "+".join(COORDINATORS[group])
         for name in self.plan.stacks:
             group = name.rsplit("-", 1)[0]
             body = {"name": name, "labels": {"gantry:runner-group:ha": group}, "spec": driver.spec(self.exec_file)}
@@ -208,7 +217,11 @@ class Cluster(Chaos):
         assert self.gantry is not None
         assert self.balancer is not None
         self.gantry.start_coordinator(
-            self.token_files[name], MAX_PARALLEL, name=name, server=self.balancer.url, state_dir=self.tmp / name
+            self.token_files[name],
+            self.max_parallel[name],
+            name=name,
+            server=self.balancer.url,
+            state_dir=self.tmp / name,
         )
 
     # ------------------------------------------------------------ the faults
@@ -316,12 +329,13 @@ def run_cluster(seed: int, tmp: Path) -> ClusterOutcome:
 
 
 def polls_cut(result: ClusterOutcome) -> list[tuple[str, str, float | None]]:
-    """Per web kill and coordinator whose poll was parked on the killed process: (kill, coordinator, seconds).
+    """Per poll parked on a web process when it was killed: (the process, the group's coordinators, seconds).
 
-    ``seconds`` is how long the coordinator went without a parked poll: 0.0
-    when the balancer sent the poll again to the live process itself (the
-    coordinator never saw the kill), else from the kill to the start of the
-    coordinator's next poll; None when it never polled again.
+    ``seconds`` is how long the poll was gone: 0.0 when the balancer sent it
+    again to the live process itself (the coordinator never saw the kill),
+    else from the kill to the start of the group's next poll (a group's
+    coordinators share its token, so the next poll may be a sibling's); None
+    when the group never polled again.
     """
     found: list[tuple[str, str, float | None]] = []
     polls = [r for r in result.requests if r.path == POLL_PATH and r.auth_crc in result.coordinator_crcs]
