@@ -146,10 +146,10 @@ class Balancer:
         wait_for(lambda: port_open(self.port), 30, "haproxy to listen")
 
     def up(self, server: str) -> bool:
-        """Whether haproxy's health check has the server UP."""
+        """Whether haproxy has the server UP after a check that passed (a server starts UP unchecked)."""
         for row in self.stats():
             if row.get("svname") == server:
-                return row.get("status", "").startswith("UP")
+                return row.get("status", "").startswith("UP") and row.get("check_status") == "L7OK"
         return False
 
     def parked(self, min_age: int = 1) -> list[str]:

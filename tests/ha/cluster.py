@@ -33,7 +33,7 @@ from tests.chaos import driver
 from tests.chaos.driver import PATIENT, Chaos
 from tests.chaos.harness import COORDINATOR_BACKOFF_CAP, Gantry, Redis, gantry_env, manage, wait_for
 from tests.chaos.schedule import Fault, Plan, Submit
-from tests.e2e.conftest import _admin_url
+from tests.e2e.conftest import _admin_url, _ready
 from tests.github.fakes import FakeGitHub, OidcIssuer
 from tests.ha.balancer import Balancer, Request, auth_crc
 from tests.ports import free_port
@@ -172,6 +172,9 @@ class Cluster(Chaos):
         self.gantry = Gantry(self.supervisor, with_github, self.tmp, port=self.web_ports["web-a"])
         for name, port in self.web_ports.items():
             self.gantry.start_server(1, name=name, port=port, asgi=True)
+        for name, port in self.web_ports.items():
+            # Ready before the balancer sends traffic: a cold process's first answers are slow.
+            wait_for(lambda port=port: _ready(f"http://127.0.0.1:{port}"), 60, f"{name} to answer /readyz")
         self.balancer.start()
         wait_for(lambda: all(self.balancer_up(name) for name in self.web_ports), 30, "both web processes UP")
         self.worker_env = base
