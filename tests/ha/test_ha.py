@@ -1,6 +1,6 @@
 """High availability: RUNS runs through a two-of-everything cluster while one process of each kind is SIGKILLed.
 
-One cluster run (the module fixture, about three minutes; ``cluster.py``)
+One cluster run (the module fixture, about two minutes on two cores; ``cluster.py``)
 boots two web processes behind haproxy, two Celery workers each with beat,
 two backend dispatchers and two coordinators; queues the runs through the
 balancer; kills (SIGKILL, the whole process group) and restarts a web
@@ -66,7 +66,7 @@ def summary(result: ClusterOutcome) -> list[str]:
         f"runs={len(out.runs)} (planned {out.plan.deployments}; {result.workflow_runs} GitHub workflow runs)",
         "kills: "
         + " ".join(f"{k}={kills[k]}" for k in KINDS)
-        + " (SIGKILL of the process group, restarted 3 s later: "
+        + f" (SIGKILL of the process group, restarted {cluster.RESTART_AFTER:g} s later: "
         + ", ".join(kill.target for kill in result.kills)
         + ")",
         "outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items())),
