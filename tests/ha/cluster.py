@@ -278,32 +278,37 @@ class Cluster(Chaos):
     # ------------------------------------------------------------ the end
 
     def stop(self) -> None:
-        assert self.balancer is not None
-        with contextlib.suppress(OSError):
-            self.result.stats = self.balancer.stats()
-        self.supervisor.stop_all()
-        if self.gantry is not None:
-            for name in self.token_files:
-                self.gantry.kill_leftover_runners(self.tmp / name)
-        if self.github is not None:
-            self.github.close()
-        if self.issuer is not None:
-            self.issuer.close()
-        self.result.requests = self.balancer.requests()
-        for name in ("worker-a", "worker-b"):
-            text = (self.tmp / "logs" / f"{name}.log").read_text(errors="replace")
-            self.result.beat_ticks[name] = text.count("Scheduler: Sending due task")
-        logs = self.tmp / "logs"
-        self.out.process_logs = {
-            "web": [logs / f"{n}.log" for n in self.web_ports],
-            "worker": [logs / "worker-a.log", logs / "worker-b.log"],
-            "dispatcher": [logs / "dispatcher-a.log", logs / "dispatcher-b.log"],
-            "coordinator": [logs / f"{n}.log" for n in self.token_files],
-            "runners": [p for n in self.token_files for p in sorted((self.tmp / n / "logs").glob("*.log"))],
-        }
-        if self.database:
-            with psycopg.connect(self.admin_url, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.database)))
+        """Stop everything, even after a failed boot (then only what was started), and read the logs."""
+        try:
+            if self.balancer is not None and "haproxy" in self.supervisor.children:
+                with contextlib.suppress(OSError):
+                    self.result.stats = self.balancer.stats()
+            self.supervisor.stop_all()
+            if self.gantry is not None:
+                for name in self.token_files:
+                    self.gantry.kill_leftover_runners(self.tmp / name)
+            for server in (self.github, self.issuer):
+                if server is not None:
+                    server.close()
+            logs = self.tmp / "logs"
+            if self.balancer is not None and "haproxy" in self.supervisor.children:
+                self.result.requests = self.balancer.requests()
+            for name in ("worker-a", "worker-b"):
+                with contextlib.suppress(OSError):
+                    text = (logs / f"{name}.log").read_text(errors="replace")
+                    self.result.beat_ticks[name] = text.count("Scheduler: Sending due task")
+            self.out.process_logs = {
+                "web": [logs / f"{n}.log" for n in self.web_ports],
+                "worker": [logs / "worker-a.log", logs / "worker-b.log"],
+                "dispatcher": [logs / "dispatcher-a.log", logs / "dispatcher-b.log"],
+                "coordinator": [logs / f"{n}.log" for n in self.token_files],
+                "runners": [p for n in self.token_files for p in sorted((self.tmp / n / "logs").glob("*.log"))],
+            }
+        finally:
+            if self.database:
+                with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.database))
+                    conn.execute(drop)
 
 
 def reaper_sweeps(metrics: str) -> dict[str, float]:
