@@ -177,7 +177,6 @@ class Cluster(Chaos):
             wait_for(lambda port=port: _ready(f"http://127.0.0.1:{port}"), 60, f"{name} to answer /readyz")
         self.balancer.start()
         wait_for(lambda: all(self.balancer_up(name) for name in self.web_ports), 30, "both web processes UP")
-        self.worker_env = base
         for name in ("worker-a", "worker-b"):
             # INFO: beat's "Sending due task" lines show that both beats ticked.
             self.gantry.start_worker(name=name, env=base, loglevel="INFO")
