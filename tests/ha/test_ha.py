@@ -75,6 +75,7 @@ def summary(result: ClusterOutcome) -> list[str]:
         f"balancer: requests={len(result.requests)} 5xx={len(fives)} (by haproxy itself={by_balancer}, "
         f"by a backend: {dict(per_server) or 0}); in flight at a killed web={in_flight_at_kills(result)}; "
         f"retried or redispatched by haproxy={retried}",
+        "haproxy's counters: " + ", ".join(f"{k}={v}" for k, v in stat_counts(result).items()),
         f"polls parked on a killed web={len(cut)}: re-sent by the balancer={resent}, "
         f"re-polled by the coordinator={len(waits)} (max {max(waits, default=0):.1f}s after the kill; "
         f"bound {BACKOFF_BOUND}s)",
@@ -86,6 +87,21 @@ def summary(result: ClusterOutcome) -> list[str]:
         + ", ".join(f"{k} {v:.0f}" for k, v in out.seconds.items())
         + f", queue to all terminal {result.play_seconds:.0f}",
     ]
+
+
+def stat_counts(result: ClusterOutcome) -> dict[str, int]:
+    """5xx per proxy and server, retries and redispatches, from haproxy's own counters (``show stat``)."""
+    counts: dict[str, int] = {}
+    for row in result.stats:
+        name = row.get("svname", "")
+        if name == "FRONTEND":
+            counts["5xx answered by the frontend"] = int(row.get("hrsp_5xx") or 0)
+        elif name == "BACKEND":
+            counts["retries"] = int(row.get("wretr") or 0)
+            counts["redispatches"] = int(row.get("wredis") or 0)
+        else:
+            counts[f"5xx from {name}"] = int(row.get("hrsp_5xx") or 0)
+    return counts
 
 
 def test_it_ran_every_kill_on_300_runs(ha: ClusterOutcome) -> None:
@@ -133,6 +149,8 @@ def test_every_succeeded_run_has_its_whole_log(ha: ClusterOutcome) -> None:
 
 def test_no_5xx_at_the_balancer_beyond_the_killed_processes_in_flight_requests(ha: ClusterOutcome) -> None:
     fives = [r for r in ha.requests if r.status >= 500]
+    # The log and haproxy's own counter agree (the log is what the checks below read).
+    assert stat_counts(ha)["5xx answered by the frontend"] == len(fives)
     assert len(fives) <= in_flight_at_kills(ha), fives
     # None a live backend answered: a 5xx can only be a crash's, cut off by the balancer.
     assert [r for r in fives if not r.by_balancer] == []
