@@ -106,6 +106,7 @@ class ClusterOutcome:
     accepted_twice: dict[str, int] = field(default_factory=dict)  # run id → its `accepted` events, when > 1
     sweeps: dict[str, float] = field(default_factory=dict)  # reaper → sweeps, from the server's /metrics
     beat_ticks: dict[str, int] = field(default_factory=dict)  # worker → ticks its beat sent
+    events: dict[str, int] = field(default_factory=dict)  # run_event kind → rows, for what the kills cost
     play_seconds: float = 0.0
     workflow_runs: int = 0
 
@@ -270,6 +271,8 @@ class Cluster(Chaos):
         )
         assert twice is not None, "the database did not answer"
         self.result.accepted_twice = {line.split()[0]: int(line.split()[1]) for line in twice}
+        kinds = self.query("SELECT kind || ' ' || count(*) FROM run_event GROUP BY kind")
+        self.result.events = {line.split()[0]: int(line.split()[1]) for line in kinds or []}
         self.result.sweeps = reaper_sweeps(self.api.request("GET", "/metrics").body.decode())
         assert self.github is not None
         self.result.workflow_runs = len(self.github.runs)

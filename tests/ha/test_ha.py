@@ -61,6 +61,7 @@ def summary(result: ClusterOutcome) -> list[str]:
     resent = sum(1 for *_, s in cut if s == 0.0)
     waits = [s for *_, s in cut if s]
     retried = sum(1 for r in result.requests if r.retries or r.redispatched)
+    events = result.events
     return [
         f"seed={out.plan.seed} (repeat the plan with GANTRY_HA_SEED={out.plan.seed}); data in {out.tmp}",
         f"runs={len(out.runs)} (planned {out.plan.deployments}; {result.workflow_runs} GitHub workflow runs)",
@@ -79,6 +80,9 @@ def summary(result: ClusterOutcome) -> list[str]:
         f"polls parked on a killed web={len(cut)}: re-sent by the balancer={resent}, "
         f"re-polled by the coordinator={len(waits)} (max {max(waits, default=0):.1f}s after the kill; "
         f"bound {BACKOFF_BOUND}s)",
+        f"what the kills cost: claims={events.get('assigned', 0)} for {len(out.runs)} runs, "
+        f"leases lapsed and reset by a reaper={events.get('lease_expired', 0)}, "
+        f"dispatch failed={events.get('dispatch_failed', 0)}, runner lost={events.get('runner_lost', 0)}",
         "beat ticks sent: "
         + ", ".join(f"{k}={v}" for k, v in sorted(result.beat_ticks.items()))
         + "; reaper sweeps: "
