@@ -57,6 +57,9 @@ def config(port: int, servers: dict[str, int], stats_socket: Path) -> str:
         "    retries 3",
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
+        # A request is sent again only if haproxy still holds all of it: wait for a POST's whole body
+        # (Gantry's are small) before passing it on, or a crash mid-call is a 502.
+        "    option http-buffer-request",
         "frontend gantry",
         f"    bind 127.0.0.1:{port}",
         "    http-request capture req.hdr(Authorization),crc32 len 12",

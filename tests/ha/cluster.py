@@ -18,10 +18,12 @@ a private ``redis-server``.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,8 @@ class Cluster(Chaos):
         self.token_files: dict[str, Path] = {}  # coordinator → its group's token file
         self.web_ports: dict[str, int] = {}
         self.targets: dict[Fault, str] = {}  # what each fault killed
+        self.pool: ThreadPoolExecutor | None = None
+        self.submitted: list[Future[None]] = []
         self.max_parallel = {name: n for coordinators in COORDINATORS.values() for name, n in coordinators.items()}
 
     # ------------------------------------------------------------ boot
@@ -226,6 +230,21 @@ class Cluster(Chaos):
             server=self.balancer.url,
             state_dir=self.tmp / name,
         )
+
+    # ------------------------------------------------------------ the plan
+
+    def play(self) -> None:
+        """The chaos run's plan loop, with the deployments queued from a few threads: one at a time, the
+        POSTs fell behind their schedule on busy cores, and the restarts queued after them came late."""
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="submit") as pool:
+            self.pool = pool
+            super().play()
+        for future in self.submitted:
+            future.result()
+
+    def submit(self, item: Submit) -> None:
+        assert self.pool is not None
+        self.submitted.append(self.pool.submit(super().submit, item))
 
     # ------------------------------------------------------------ the faults
 
@@ -335,6 +354,8 @@ def run_cluster(seed: int, tmp: Path) -> ClusterOutcome:
         cluster.read_back()
     finally:
         cluster.stop()
+        kills = [asdict(kill) for kill in cluster.result.kills]
+        (tmp / "outcome.json").write_text(json.dumps({"kills": kills, "seconds": cluster.out.seconds}))
     return cluster.result
 
 
@@ -362,6 +383,18 @@ def polls_cut(result: ClusterOutcome) -> list[tuple[str, str, float | None]]:
                 after = [r.start for r in mine if r.start >= poll.end]
                 found.append((kill.target, coordinator, min(after) - kill.at if after else None))
     return found
+
+
+def cut_by_a_kill(result: ClusterOutcome, request: Request) -> bool:
+    """Whether ``request`` was open at a web process when it was killed, and ended there (haproxy logs
+    times to the millisecond: 10 ms of slack)."""
+    return any(
+        kill.kind == "web_kill"
+        and request.server == kill.target
+        and request.start <= kill.at + 0.01
+        and request.end >= kill.at - 0.01
+        for kill in result.kills
+    )
 
 
 def in_flight_at_kills(result: ClusterOutcome) -> int:
