@@ -62,6 +62,13 @@ def summary(result: ClusterOutcome) -> list[str]:
     waits = [s for *_, s in cut if s]
     retried = sum(1 for r in result.requests if r.retries or r.redispatched)
     events = result.events
+    # Whose claims were orphaned: a poll's (a self-hosted group) or a dispatcher's (gha).
+    lapsed = Counter(
+        str(run["runner_selector"].get("ha"))
+        for run in out.runs.values()
+        for event in run.get("events") or []
+        if event["kind"] == "lease_expired"
+    )
     return [
         f"seed={out.plan.seed} (repeat the plan with GANTRY_HA_SEED={out.plan.seed}); data in {out.tmp}",
         f"runs={len(out.runs)} (planned {out.plan.deployments}; {result.workflow_runs} GitHub workflow runs)",
@@ -81,7 +88,8 @@ def summary(result: ClusterOutcome) -> list[str]:
         f"re-polled by the coordinator={len(waits)} (max {max(waits, default=0):.1f}s after the kill; "
         f"bound {BACKOFF_BOUND}s)",
         f"what the kills cost: claims={events.get('assigned', 0)} for {len(out.runs)} runs, "
-        f"leases lapsed and reset by a reaper={events.get('lease_expired', 0)}, "
+        f"leases lapsed and reset by a reaper={events.get('lease_expired', 0)} "
+        f"(by group: {dict(lapsed) or 0}), "
         f"dispatch failed={events.get('dispatch_failed', 0)}, runner lost={events.get('runner_lost', 0)}",
         "beat ticks sent: "
         + ", ".join(f"{k}={v}" for k, v in sorted(result.beat_ticks.items()))
