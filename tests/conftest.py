@@ -307,9 +307,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 # starts servers. Everything else is the integration tier (the default run
 # takes both).
 _SERVICE_FIXTURES = frozenset({"db", "transactional_db", "live_server", "own_redis", "clean_buckets"})
-_SERVICE_MARKS = frozenset({"django_db", "e2e", "docker", "chaos", "fuzz", "browser"})
+_SERVICE_MARKS = frozenset({"django_db", "e2e", "docker", "chaos", "ha", "fuzz", "browser"})
 # Folders whose tests all reach Redis, PostgreSQL or start processes, fixtures or not.
-_SERVICE_DIRS = ("tests/throttle/", "tests/e2e/", "tests/k8s/", "tests/github/", "tests/chaos/", "tests/browser/")
+_SERVICE_DIRS = (
+    "tests/throttle/",
+    "tests/e2e/",
+    "tests/k8s/",
+    "tests/github/",
+    "tests/chaos/",
+    "tests/ha/",
+    "tests/browser/",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the mark

@@ -65,6 +65,13 @@ def spec(exec_file: Path) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Recover:
+    """A killed process's restart, queued ``pause`` seconds after its fault."""
+
+    fault: Fault
+
+
 @dataclass
 class Outcome:
     plan: Plan
@@ -143,7 +150,7 @@ class Chaos:
 
     def play(self) -> None:
         began = time.monotonic()
-        queue: list[tuple[float, int, Submit | Fault | str]] = []
+        queue: list[tuple[float, int, Submit | Fault | Recover]] = []
         for n, item in enumerate((*self.plan.submits, *self.plan.faults)):
             heapq.heappush(queue, (item.at, n, item))
         n = len(queue)
@@ -162,13 +169,18 @@ class Chaos:
                 self.submit(item)
             elif isinstance(item, Fault):
                 self.strike(item, at)
-                if item.kind == "coordinator_kill":
+                if item.pause:
                     n += 1
-                    heapq.heappush(queue, (now + item.pause, n, "coordinator_start"))
+                    heapq.heappush(queue, (now + item.pause, n, Recover(item)))
             else:
-                assert self.gantry is not None
-                self.gantry.start_coordinator(self.token_file, MAX_PARALLEL)
+                self.recover(item.fault)
         self.out.seconds["play"] = time.monotonic() - began
+
+    def recover(self, fault: Fault) -> None:
+        """Start again what ``fault`` killed, ``fault.pause`` seconds after."""
+        assert fault.kind == "coordinator_kill", fault
+        assert self.gantry is not None
+        self.gantry.start_coordinator(self.token_file, MAX_PARALLEL)
 
     def submit(self, item: Submit) -> None:
         for _ in range(item.count):

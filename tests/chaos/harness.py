@@ -32,6 +32,9 @@ from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
+# The coordinators' long poll (seconds) and the cap of their backoff: short, so recoveries fit in a test.
+COORDINATOR_WAIT = 5
+COORDINATOR_BACKOFF_CAP = 2
 
 
 def port_open(port: int) -> bool:
@@ -88,12 +91,17 @@ class Supervisor:
         proc = self.children[name].proc
         return proc is not None and proc.poll() is None
 
-    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
-        """Signal the process itself (not its group) and wait for it to exit."""
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL, *, group: bool = False) -> None:
+        """Signal the process itself (or, with ``group``, its whole process group: a host or container
+        dying takes gunicorn's or Celery's children with their parent) and wait for it to exit."""
         proc = self.children[name].proc
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(sig)
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -246,39 +254,74 @@ class Gantry:
     def state_dir(self) -> Path:
         return self.tmp / "coordinator"
 
-    def start_server(self, workers: int = 2) -> None:
+    def start_server(
+        self,
+        workers: int = 2,
+        *,
+        name: str = "web",
+        port: int | None = None,
+        asgi: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """gunicorn on ``port`` (default: this stack's). ``asgi``: the production mode (README), uvicorn's
+        worker on ``gantry.asgi``; otherwise gthread on ``gantry.wsgi``, which writes the access log."""
+        port = port or self.port
+        if asgi:
+            serving = ["gantry.asgi", "--worker-class", "uvicorn_worker.UvicornWorker"]
+        else:
+            serving = ["gantry.wsgi", "--worker-class", "gthread", "--threads", "16"]
+        access = self.tmp / ("access.log" if name == "web" else f"access-{name}.log")
         self.supervisor.start(
-            "web",
+            name,
             [
-                PYTHON, "-m", "gunicorn", "gantry.wsgi", "-b", f"127.0.0.1:{self.port}",
-                "--workers", str(workers), "--worker-class", "gthread", "--threads", "16",
+                PYTHON, "-m", "gunicorn", *serving, "-b", f"127.0.0.1:{port}", "--workers", str(workers),
                 "--no-control-socket", "--graceful-timeout", "5",
                 # One line per request, with its status: the 5xx check reads them.
-                "--access-logfile", str(self.tmp / "access.log"),
-                "--access-logformat", "%(t)s %(m)s %(U)s %(s)s",
+                "--access-logfile", str(access), "--access-logformat", "%(t)s %(m)s %(U)s %(s)s",
             ],
-            self.env,
+            env or self.env,
         )  # fmt: skip
-        wait_for(lambda: port_open(self.port), 60, "gunicorn to listen")
+        wait_for(lambda: port_open(port), 60, "gunicorn to listen")
 
-    def start_worker(self) -> None:
+    def start_worker(
+        self,
+        *,
+        name: str = "worker",
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        loglevel: str = "WARNING",
+    ) -> None:
+        """A Celery worker with beat embedded (``-B``), its schedule file its own."""
         self.supervisor.start(
-            "worker",
+            name,
             [
-                PYTHON, "-m", "celery", "-A", "gantry", "worker", "-B", "--concurrency", "1",
-                "--without-gossip", "--without-mingle",
-                "--loglevel", "WARNING", "--schedule", str(self.tmp / "celerybeat-schedule"),
+                PYTHON, "-m", "celery", "-A", "gantry", "worker", "-B", "--concurrency", str(concurrency),
+                "--without-gossip", "--without-mingle", "--hostname", f"{name}@%h",
+                "--loglevel", loglevel, "--schedule", str(self.tmp / f"celerybeat-schedule-{name}"),
             ],
-            self.env,
+            env or self.env,
         )  # fmt: skip
 
-    def start_coordinator(self, token_file: Path, max_parallel: int) -> None:
+    def start_dispatcher(self, *, name: str = "dispatcher", env: dict[str, str] | None = None) -> None:
+        """``manage.py dispatcher``: the backend dispatcher for github_actions groups, long-running."""
+        self.supervisor.start(name, [PYTHON, "manage.py", "dispatcher"], env or self.env)
+
+    def start_coordinator(
+        self,
+        token_file: Path,
+        max_parallel: int,
+        *,
+        name: str = "coordinator",
+        server: str | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
         self.supervisor.start(
-            "coordinator",
+            name,
             [
-                PYTHON, "-m", "runners.coordinator", "--server", self.url, "--token-file", str(token_file),
-                "--launcher", "local", "--state-dir", str(self.state_dir), "--max-parallel", str(max_parallel),
-                "--wait", "5", "--backoff-cap", "2",
+                PYTHON, "-m", "runners.coordinator", "--server", server or self.url, "--token-file", str(token_file),
+                "--launcher", "local", "--state-dir", str(state_dir or self.state_dir),
+                "--max-parallel", str(max_parallel), "--wait", str(COORDINATOR_WAIT),
+                "--backoff-cap", str(COORDINATOR_BACKOFF_CAP),
             ],
             {**self.env, "GANTRY_LOG_LEVEL": "INFO"},
         )  # fmt: skip
@@ -300,9 +343,9 @@ class Gantry:
                 found[record.stem] = pid
         return found
 
-    def kill_leftover_runners(self) -> None:
+    def kill_leftover_runners(self, state_dir: Path | None = None) -> None:
         """Every runner this coordinator's launcher started, recorded or not, with its steps (its session)."""
-        marker = str(self.state_dir).encode()
+        marker = str(state_dir or self.state_dir).encode()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue

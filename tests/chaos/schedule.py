@@ -42,7 +42,8 @@ class Submit:
 class Fault:
     at: float
     kind: str
-    pause: float = 0.0  # coordinator_kill: seconds until the new coordinator starts
+    pause: float = 0.0  # seconds until the killed process is started again (0: it is not)
+    target: str = ""  # the supervisor's name of the process to hit, for kinds that name one
 
 
 @dataclass(frozen=True)
