@@ -224,6 +224,10 @@ class GantryConf:
     metrics_token: str = field(default="", repr=False)
     metrics_allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     metrics_cache_seconds: float = 5.0
+    # Whether beat runs the backend dispatcher inside the Celery worker (with GitHub configured).
+    # Off where `manage.py dispatcher` runs as processes of their own (deploy/kubernetes), so the
+    # workers keep both their processes for the reapers; several dispatchers at once are safe either way.
+    dispatch_in_worker: bool = True
 
     def check(self) -> None:
         if self.stub_cutoff <= self.assignment_ttl:
@@ -285,6 +289,7 @@ def get() -> GantryConf:
         metrics_token=envstr("GANTRY_METRICS_TOKEN"),
         metrics_allow=_metrics_allow(),
         metrics_cache_seconds=envseconds("GANTRY_METRICS_CACHE_SECONDS", 5.0, minimum=0.0, maximum=300.0),
+        dispatch_in_worker=envbool("GANTRY_DISPATCH_IN_WORKER", True),
     )
     conf.check()
     return conf

@@ -278,9 +278,10 @@ CELERY_BEAT_SCHEDULE = {
     for name in ("expired_assignments", "inactive_runners", "startup_deadline", "cancellation_backstop", "retention")
 }
 
-# The backend dispatcher (github_actions groups; docs/github-actions.md), when GitHub is configured.
+# The backend dispatcher (github_actions groups; docs/github-actions.md), when GitHub is configured,
+# unless it runs as `manage.py dispatcher` processes of their own (GANTRY_DISPATCH_IN_WORKER=false).
 GANTRY_GITHUB = conf.github()
-if GANTRY_GITHUB.mode:
+if GANTRY_GITHUB.mode and _conf.dispatch_in_worker:
     CELERY_BEAT_SCHEDULE["dispatch-github"] = {
         "task": "gantry.dispatch.loop",
         "schedule": 60.0,

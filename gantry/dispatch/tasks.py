@@ -5,7 +5,8 @@ for just under one period, so the worker always has one running; a second
 one overlapping it is safe (see ``gantry.dispatch.dispatcher``). The beat
 entry exists only when GitHub credentials are configured. The loop occupies
 one worker process for its whole period: give the worker ``--concurrency 2``
-or more so the reapers keep theirs, or run ``manage.py dispatcher`` instead.
+or more so the reapers keep theirs, or run ``manage.py dispatcher`` instead
+with ``GANTRY_DISPATCH_IN_WORKER=false``.
 """
 
 from __future__ import annotations

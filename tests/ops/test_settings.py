@@ -102,3 +102,24 @@ def test_the_suite_runs_on_a_redis_database_of_its_own(tmp_path: Path, monkeypat
 
     if suite_db:
         assert settings.REDIS_URL.endswith("/" + suite_db)
+
+
+@pytest.mark.parametrize(("in_worker", "scheduled"), [("", True), ("true", True), ("false", False)])
+def test_beat_runs_the_dispatcher_in_the_worker_unless_told_not_to(
+    tmp_path: Path, in_worker: str, scheduled: bool
+) -> None:
+    # With GitHub configured, beat schedules the dispatcher's loop task; deploy/kubernetes runs
+    # `manage.py dispatcher` instead and switches it off (GANTRY_DISPATCH_IN_WORKER=false).
+    show = "from django.conf import settings; print(sorted(settings.CELERY_BEAT_SCHEDULE))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_")}
+    env.update(UNUSED_SERVICES, GANTRY_DATA_DIR=str(tmp_path), GANTRY_GITHUB_TOKEN="ghp_example")
+    env["GANTRY_PUBLIC_URL"] = "https://gantry.example.com"
+    if in_worker:
+        env["GANTRY_DISPATCH_IN_WORKER"] = in_worker
+    out = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", show], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    schedule = out.stdout.strip().splitlines()[-1]
+    assert "reap-expired-assignments" in schedule  # the reapers either way
+    assert ("dispatch-github" in schedule) is scheduled
