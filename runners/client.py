@@ -115,6 +115,7 @@ READY_RETRY = RetryPolicy(attempts=1000, base=0.5, cap=5.0, deadline=30.0)
 @dataclass
 class Response:
     status: int
+    # Names lowercased (HTTP's are case-insensitive): look them up as "content-type".
     headers: Mapping[str, str]
     body: bytes
 
@@ -185,7 +186,7 @@ def group_token_problem(token: str) -> str | None:
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
-    raw = headers.get("Retry-After") or headers.get("retry-after")
+    raw = headers.get("retry-after")
     try:
         return max(0.0, float(raw)) if raw else None
     except ValueError:
@@ -333,7 +334,9 @@ class GantryClient:
             conn.request(method, target, body=payload, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
-            return Response(resp.status, {k: v for k, v in resp.getheaders()}, data)
+            # Header names are case-insensitive and servers differ (h11 sends them lowercased):
+            # lowercased here, so every lookup is by the lowercase name.
+            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
         except (OSError, http.client.HTTPException) as exc:
             if abortable and self._aborted:
                 raise RequestAborted() from exc

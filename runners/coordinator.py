@@ -347,10 +347,10 @@ class Coordinator:
                 if exc.status in (401, 403) and isinstance(exc.body, dict):
                     return refusal(exc)
                 return not_gantry(self.client.server, exc.status, exc.detail)
-            body = resp.json() if resp.headers.get("Content-Type", "").startswith("application/json") else None
+            body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else None
             if resp.status == 200 and isinstance(body, dict) and {"runnable", "running"} <= body.keys():
                 return None
-            location = resp.headers.get("Location") or resp.headers.get("location")
+            location = resp.headers.get("location")
             # Redirects are not followed: a token is never sent on to wherever they point.
             why = f"redirected to {location}" if location else "the answer is not Gantry's"
             return not_gantry(self.client.server, resp.status, why)

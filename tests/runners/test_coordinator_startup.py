@@ -234,6 +234,46 @@ def test_a_web_server_that_is_not_gantry_exits_3(web_page: str, tmp_path: Path, 
     assert says in line
 
 
+def test_header_names_in_any_case_are_read(tmp_path: Path) -> None:
+    # HTTP's header names are case-insensitive and servers differ: uvicorn's h11 sends them lowercased.
+    # A Gantry-shaped demand answer with lowercase names must pass the start-up check (the coordinator
+    # goes on to poll), as it must under `dev.py run`.
+    polls: list[str] = []
+
+    class Lowercase(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/api/v1/runner-groups/poll"):
+                polls.append(self.path)
+                self.send_response(204)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            body = json.dumps({"runnable": 0, "running": 0, "max_concurrent_runs": 1}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            del format, args
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Lowercase)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = _jwt({"aud": "runner-group", "sub": "1"})
+    proc = start(tmp_path, "--server", f"http://127.0.0.1:{server.server_address[1]}", "--launcher", "fake",
+                 token=token)  # fmt: skip
+    try:
+        wait_until(lambda: bool(polls) or proc.poll() is not None, 30, "a poll after the start-up check")
+        assert proc.poll() is None, proc.communicate()[1]
+        assert polls
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        server.shutdown()
+        server.server_close()
+
+
 # ---------------------------------------------------------------- health and metrics
 
 
