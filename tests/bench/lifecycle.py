@@ -149,16 +149,16 @@ def _log_text(size: int) -> bytes:
         n = len(lines)
         kind = n % 4
         stamp = f"2026-01-01T12:{n // 60 % 60:02d}:{n % 60:02d}.{rng.randrange(1000):03d}Z"
+        r = rng.randrange
         if kind == 0:
-            line = f"{stamp} compiling src/pkg_{rng.randrange(40)}/mod_{rng.randrange(900)}.py"
+            line = f"{stamp} compiling src/pkg_{r(40)}/mod_{r(900)}.py"
         elif kind == 1:
-            line = (f"{stamp} tests/test_{rng.randrange(120)}.py::test_case_{rng.randrange(5000)} PASSED "
-                    f"[{rng.randrange(100):3d}%] {rng.random():.3f}s")  # fmt: skip
+            line = f"{stamp} tests/test_{r(120)}.py::test_case_{r(5000)} PASSED [{r(100):3d}%] {rng.random():.3f}s"
         elif kind == 2:
-            line = (f"{stamp} Downloading dep_{rng.randrange(300)}-{rng.randrange(9)}.{rng.randrange(30)}."
-                    f"{rng.randrange(20)}.tar.gz ({rng.randrange(10, 9000)} kB) sha256={rng.getrandbits(128):032x}")  # fmt: skip
+            digest = f"{rng.getrandbits(128):032x}"
+            line = f"{stamp} Downloading dep_{r(300)}-{r(9)}.{r(30)}.{r(20)}.tar.gz ({r(10, 9000)} kB) sha256={digest}"
         else:
-            line = f"{stamp} warning: unused variable 'v{rng.randrange(100)}' [-Wunused] at line {rng.randrange(2000)}"
+            line = f"{stamp} warning: unused variable 'v{r(100)}' [-Wunused] at line {r(2000)}"
         lines.append(line)
         total += len(line) + 1
     return ("\n".join(lines) + "\n").encode()[:size]
