@@ -39,6 +39,14 @@ What it does, for each repetition and each K:
    /healthz. Many runners, not K: a runner calls every few seconds, and K
    runners hammering their own rows would measure the dead versions of K hot
    rows rather than the route.
+6. *live*: the same K threads and held runs, each POSTing the runner's
+   live-log push (``/logs/live``, a snapshot of :data:`LIVE_ACTIVE_BYTES` of
+   log text gzipped as runners/logbuf.py does) for its share in turn for
+   ``--seconds``: pushes/s and server CPU per push. Then every record pushed
+   must be in Redis with the bytes sent (the bench stops with an error
+   otherwise: a push that is answered 204 but dropped would measure
+   nothing), and the Redis memory of one record is read (``MEMORY USAGE``;
+   the Redis server may be shared, so its INFO totals would not do).
 
 The bench's own CPU (its client threads) is read too: under the table for
 the highest K it prints what the calls ratio is made of (server and client
@@ -54,9 +62,11 @@ rates do not.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -74,6 +84,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from runners.logbuf import gzip_bytes
 from tests.bench.common import SERVICES_HELP, bootstrap, database_url, execute
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gantry_bench_lifecycle"
@@ -108,9 +119,55 @@ BENCH_RUNS_PER_HOUR = 100_000_000
 
 WARM_UP_SECONDS = 3.0
 
+# The active chunk a live push carries a snapshot of. The runner pushes the
+# whole active chunk (not what is new) every GANTRY_LIVE_LOG_INTERVAL while it
+# changes, and seals it at the latest after SEAL_INTERVAL (30 s,
+# gantry_wire/protocol.py): a step printing about 1 KiB/s pushes a chunk that
+# is on average half of 30 KiB. 16 KiB of log lines gzip (level 1, as the
+# runner does) to a few KB, well under the fast lane's MAX_BODY (64 KiB,
+# gantry/server/lane.py), past which Django reads the body instead.
+LIVE_ACTIVE_BYTES = 16 * 1024
+# The active chunk's number, and the chunks sealed before it (all uploaded).
+LIVE_CHUNK_INDEX = 3
+
 TARGET_CPU_PER_RUN_MS = 15.0
 TARGET_CALLS_RATIO = 0.5
 TARGET_STATUS_VS_HEALTHZ = 2.0
+
+
+def _log_text(size: int) -> bytes:
+    """``size`` bytes of build-like output: timestamps, paths, counters and hashes that do not repeat.
+
+    Seeded, so every round pushes the same bytes; varied, so gzip does not
+    shrink it more than a real step's output (a constant line would gzip
+    ~100x and understate the push's body).
+    """
+    rng = random.Random(23)
+    lines: list[str] = []
+    total = 0
+    while total < size:
+        n = len(lines)
+        kind = n % 4
+        stamp = f"2026-01-01T12:{n // 60 % 60:02d}:{n % 60:02d}.{rng.randrange(1000):03d}Z"
+        r = rng.randrange
+        if kind == 0:
+            line = f"{stamp} compiling src/pkg_{r(40)}/mod_{r(900)}.py"
+        elif kind == 1:
+            line = f"{stamp} tests/test_{r(120)}.py::test_case_{r(5000)} PASSED [{r(100):3d}%] {rng.random():.3f}s"
+        elif kind == 2:
+            digest = f"{rng.getrandbits(128):032x}"
+            line = f"{stamp} Downloading dep_{r(300)}-{r(9)}.{r(30)}.{r(20)}.tar.gz ({r(10, 9000)} kB) sha256={digest}"
+        else:
+            line = f"{stamp} warning: unused variable 'v{r(100)}' [-Wunused] at line {r(2000)}"
+        lines.append(line)
+        total += len(line) + 1
+    return ("\n".join(lines) + "\n").encode()[:size]
+
+
+def live_snapshot() -> bytes:
+    """The gzip a runner pushes for an active chunk of :data:`LIVE_ACTIVE_BYTES` (runners/logbuf.py's gzip)."""
+    return gzip_bytes(_log_text(LIVE_ACTIVE_BYTES))
+
 
 # --------------------------------------------------------------------------- loading
 
@@ -303,6 +360,8 @@ class PhaseResult:
     cpu: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     empty_polls: int = 0
+    # Paths each answered as expected at least once (the live phase checks their records).
+    answered: set[str] = field(default_factory=set)
 
     @property
     def n_calls(self) -> int:
@@ -372,25 +431,29 @@ def _repeat_loop(
     res: PhaseResult,
     lock: threading.Lock,
     name: str,
+    body: dict[str, Any] | None = None,
 ) -> None:
-    """GET each of ``targets`` (path, token) in turn until the deadline."""
+    """Call each of ``targets`` (path, token) in turn until the deadline: GET expecting 200, or POST ``body``
+    expecting 204."""
     client = Client(port)
+    method, ok = ("GET", 200) if body is None else ("POST", 204)
     times: list[float] = []
     i = 0
     try:
         while time.perf_counter() < deadline:
             path, token = targets[i % len(targets)]
-            i += 1
             t0 = time.perf_counter()
-            status, body = client.call("GET", path, token)
+            status, answer = client.call(method, path, token, body)
             times.append(time.perf_counter() - t0)
-            if status != 200:
-                raise RuntimeError(f"{path} answered {status}: {body[:300]!r}")
+            if status != ok:
+                raise RuntimeError(f"{path} answered {status}: {answer[:300]!r}")
+            i += 1
     except Exception as exc:
         with lock:
             res.errors.append(repr(exc))
     with lock:
         res.calls[name].extend(times)
+        res.answered.update(path for path, _ in targets[: min(i, len(targets))])
 
 
 def _phase(meter: CpuMeter, k: int, seconds: float, target: Callable[..., None], *args: Any) -> PhaseResult:
@@ -464,6 +527,57 @@ def _status_loop(port: int, share: Sequence[tuple[str, str | None]], deadline: f
     _repeat_loop(port, share, deadline, res, lock, "status")
 
 
+def _live_path(run: str) -> str:
+    return f"/api/v1/runs/{run}/logs/live"
+
+
+def _live_phase(
+    meter: CpuMeter, port: int, held: list[tuple[str, str]], k: int, seconds: float, snapshot: bytes
+) -> PhaseResult:
+    """K threads, each pushing the live log of its share of the held runs in turn (the body runners/logbuf.py
+    sends: the active chunk's number, the chunks sealed, the base64 of its gzip)."""
+    body = {
+        "chunk_index": LIVE_CHUNK_INDEX,
+        "sealed_chunks": LIVE_CHUNK_INDEX,
+        "data": base64.b64encode(snapshot).decode("ascii"),
+    }
+    targets = [(_live_path(run), tok) for run, tok in held]
+    return _threads(meter, seconds, _live_loop, [(port, targets[i::k], body) for i in range(k)])
+
+
+def _live_loop(port: int, share: Sequence[tuple[str, str | None]], body: dict[str, Any], deadline: float,
+               res: PhaseResult, lock: threading.Lock) -> None:  # fmt: skip
+    _repeat_loop(port, share, deadline, res, lock, "live", body)
+
+
+def live_records(held: list[tuple[str, str]], pushed: set[str], snapshot: bytes) -> int:
+    """Check that every run pushed has its live record in Redis, as sent; answer one record's bytes in Redis.
+
+    Then drop the records: the next round's held runs are new ones, and the
+    records would otherwise pile up for their TTL in the bench's Redis database.
+    Raises SystemExit when a record is missing or differs: the server answered
+    204 but dropped the push, and the phase's figures measured no write.
+    """
+    from gantry.logs import live
+    from gantry.redis import client
+
+    runs = [uuid.UUID(run) for run, _ in held if _live_path(run) in pushed]
+    if not runs:
+        raise SystemExit("live phase: no push was answered 204")
+    records = live.get_many(runs)
+    wrong = [run for run, rec in records.items()
+             if rec is None or rec.data != snapshot or rec.chunk_index != LIVE_CHUNK_INDEX]  # fmt: skip
+    if wrong:
+        raise SystemExit(
+            f"live phase: {len(wrong)} of {len(runs)} runs pushed (204) have no live record in Redis as sent, "
+            f"e.g. {live.KEY.format(run_id=wrong[0])}"
+        )
+    # SAMPLES 0: the whole value, not an estimate.
+    size = int(client().memory_usage(live.KEY.format(run_id=runs[0]), samples=0) or 0)
+    live.delete_many(runs)
+    return size
+
+
 # --------------------------------------------------------------------------- figures
 
 
@@ -480,6 +594,11 @@ class Round:
     life: PhaseResult
     health: PhaseResult
     status: PhaseResult
+    live: PhaseResult
+    live_record_bytes: int  # Redis MEMORY USAGE of one live record
+
+    def live_per_s(self) -> float:
+        return self.live.n_calls / self.live.seconds
 
     def runs_per_s(self) -> float:
         return self.life.runs / self.life.seconds
@@ -510,9 +629,10 @@ def report(rounds: list[Round], command: str) -> bool:
     print(f"medians of {len(rounds) // len(ks)} repetitions\n")
     print(
         "| K | runs/s | CPU/run ms (py + pg) | CPU/run in healthz requests | lifecycle calls/s | healthz req/s | "
-        "ratio | healthz CPU/req ms | status CPU/req ms (py + pg) | status ÷ healthz |"
+        "ratio | healthz CPU/req ms | status CPU/req ms (py + pg) | status ÷ healthz | "
+        "live CPU/push ms (py + pg) | live pushes/s | Redis B/live record |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ok = True
     for k in ks:
         rs = [r for r in rounds if r.k == k]
@@ -529,10 +649,15 @@ def report(rounds: list[Round], command: str) -> bool:
         # repetition: on a host whose speed drifts (a shared VM's does, by
         # tens of percent within minutes) this moves far less than the ms.
         units = _median(rs, lambda r: (r.cpu_per_run_ms("py") + r.cpu_per_run_ms("pg")) / r.cpu_per_req_ms(r.health))
+        lv = _median(rs, lambda r: r.cpu_per_req_ms(r.live))
+        lv_py = _median(rs, lambda r: r.cpu_per_req_ms(r.live, "py"))
+        lv_pg = _median(rs, lambda r: r.cpu_per_req_ms(r.live, "pg"))
         print(
             f"| {k} | {_median(rs, Round.runs_per_s):.1f} | {tot:.1f} ({py:.1f} + {pg:.1f}) | {units:.1f} | "
             f"{_median(rs, Round.calls_per_s):.0f} | {_median(rs, Round.health_per_s):.0f} | {ratio:.2f} | "
-            f"{hz:.2f} | {st:.2f} ({st_py:.2f} + {st_pg:.2f}) | {st_ratio:.2f} |"
+            f"{hz:.2f} | {st:.2f} ({st_py:.2f} + {st_pg:.2f}) | {st_ratio:.2f} | "
+            f"{lv:.2f} ({lv_py:.2f} + {lv_pg:.2f}) | {_median(rs, Round.live_per_s):.0f} | "
+            f"{_median(rs, lambda r: r.live_record_bytes):.0f} |"
         )
         if k == max(ks):
             _explain_ratio(rs, ratio)
@@ -552,7 +677,7 @@ def report(rounds: list[Round], command: str) -> bool:
         cells = [_p50_p99(rs, c) for c in CALLS]
         hz_cell = _p50_p99(rs, "healthz", phase="health")
         print(f"| {k} | " + " | ".join(cells) + f" | {hz_cell} |")
-    errors = [e for r in rounds for p in (r.life, r.health, r.status) for e in p.errors]
+    errors = [e for r in rounds for p in (r.life, r.health, r.status, r.live) for e in p.errors]
     if errors:
         print(f"\n{len(errors)} errors, first: {errors[0]}")
     return ok
@@ -622,6 +747,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "GANTRY_SECRET_KEY": settings.SECRET_KEY,
         "DJANGO_SETTINGS_MODULE": "gantry.settings",
     }
+    snapshot = live_snapshot()
+    print(
+        f"live push: an active chunk of {LIVE_ACTIVE_BYTES} bytes of log text, {len(snapshot)} bytes of gzip, "
+        f"{len(base64.b64encode(snapshot))} of base64",
+        flush=True,
+    )
     server = Server(command, env)
     meter = CpuMeter(server, database)
     rounds: list[Round] = []
@@ -644,14 +775,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 life = _phase(meter, k, args.seconds, _lifecycle_loop, server.port, fleet)
                 health = _phase(meter, k, args.seconds, _repeat_loop_args(server.port, "/healthz", None, "healthz"))
                 status = _status_phase(meter, server.port, held, k, args.seconds)
-                r = Round(k, life, health, status)
+                pushes = _live_phase(meter, server.port, held, k, args.seconds, snapshot)
+                record_bytes = (
+                    live_records(held, pushes.answered, snapshot) if pushes.answered or not pushes.errors else 0
+                )
+                r = Round(k, life, health, status, pushes, record_bytes)
                 rounds.append(r)
                 print(
                     f"rep {rep + 1} K={k:>2}: {r.runs_per_s():6.1f} runs/s, "
                     f"{r.cpu_per_run_ms('py'):5.1f} + {r.cpu_per_run_ms('pg'):4.1f} ms CPU/run, "
                     f"healthz {r.health_per_s():6.0f}/s at {r.cpu_per_req_ms(r.health):.2f} ms, "
                     f"status {r.cpu_per_req_ms(r.status):.2f} ms CPU/req, "
-                    f"errors {len(life.errors) + len(health.errors) + len(status.errors)}",
+                    f"live {r.live_per_s():6.0f} pushes/s at {r.cpu_per_req_ms(r.live):.2f} ms CPU/push "
+                    f"({record_bytes} B a record in Redis), "
+                    f"errors {len(life.errors) + len(health.errors) + len(status.errors) + len(pushes.errors)}",
                     flush=True,
                 )
     finally:

@@ -13,6 +13,7 @@ used exactly those (a bench once switched to a database of its choosing).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -106,3 +107,13 @@ def test_lifecycle_runs_every_call_of_a_run(bench: Bench) -> None:
     assert explained, out[-2000:]
     assert "Predicted ratio" in explained[0], explained[0]
     assert "nan" not in explained[0], explained[0]
+    # The live phase ran: pushes answered 204 and their records checked in Redis (the bench stops otherwise),
+    # and its figures printed, in the round's line and in the table's last three columns.
+    pushed = re.search(r"live +(\d+) pushes/s at (\d+\.\d+) ms CPU/push \((\d+) B a record in Redis\)", out)
+    assert pushed, out[-2000:]
+    assert int(pushed[1]) > 0, pushed[0]
+    assert float(pushed[2]) > 0, pushed[0]
+    assert int(pushed[3]) > 0, pushed[0]
+    assert "| live CPU/push ms (py + pg) | live pushes/s | Redis B/live record |" in out, out[-2000:]
+    row = next(line for line in out.splitlines() if line.startswith("| 1 | "))
+    assert re.search(r"\| \d+\.\d\d \(\d+\.\d\d \+ \d+\.\d\d\) \| \d+ \| \d+ \|$", row), row
