@@ -334,7 +334,7 @@ class GantryClient:
             conn.request(method, target, body=payload, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
-            # Header names are case-insensitive and servers differ (h11 sends them lowercased):
+            # Header names are case-insensitive and servers differ (uvicorn sends them lowercased):
             # lowercased here, so every lookup is by the lowercase name.
             return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
         except (OSError, http.client.HTTPException) as exc:

@@ -149,12 +149,15 @@ class Cluster(Chaos):
         self.github.variables = {"GANTRY_OIDC_AUDIENCE": AUDIENCE}
         self.github.actions_env = {"GANTRY_STOP_GRACE": "3"}
         self.web_ports = {name: free_port() for name in ("web-a", "web-b")}
+        self.metrics_token = secrets.token_urlsafe(32)
         self.balancer = Balancer(self.supervisor, self.tmp / "haproxy", dict(self.web_ports))
         base = gantry_env(
             DATABASE_URL=_admin_url(settings.DATABASE_URL, self.database),
             REDIS_URL=self.redis.url,
             GANTRY_CELERY_QUEUE="gantry_ha",
             GANTRY_SECRET_KEY=secrets.token_urlsafe(50),
+            # Behind the balancer every scraper has its address: /metrics is read with the token (docs/queue.md).
+            GANTRY_METRICS_TOKEN=self.metrics_token,
             GANTRY_DATA_DIR=str(self.tmp / "data"),
             GANTRY_LOG_DIR=str(self.tmp / "chunks"),
             GANTRY_LOG_LEVEL="WARNING",
@@ -292,7 +295,8 @@ class Cluster(Chaos):
         self.result.accepted_twice = {line.split()[0]: int(line.split()[1]) for line in twice}
         kinds = self.query("SELECT kind || ' ' || count(*) FROM run_event GROUP BY kind")
         self.result.events = {line.split()[0]: int(line.split()[1]) for line in kinds or []}
-        self.result.sweeps = reaper_sweeps(self.api.request("GET", "/metrics").body.decode())
+        scraper = GantryClient(self.balancer.url, self.metrics_token, timeout=30, retry=PATIENT)
+        self.result.sweeps = reaper_sweeps(scraper.request("GET", "/metrics").body.decode())
         assert self.github is not None
         self.result.workflow_runs = len(self.github.runs)
 

@@ -19,14 +19,7 @@ from collections import Counter
 import pytest
 
 from tests.chaos.driver import TERMINAL
-from tests.chaos.test_chaos import (
-    DOCUMENTED_FAILURES,
-    STARTUP_TIMEOUT_REASON,
-    TRACEBACK,
-    lost_runs,
-    outcome_of,
-    whole_log,
-)
+from tests.chaos.test_chaos import TRACEBACK, broken_logs, lost_runs, outcome_of, undocumented_failures
 from tests.figures import add_figures
 from tests.ha import cluster
 from tests.ha.balancer import haproxy_binary
@@ -134,28 +127,12 @@ def test_no_run_executed_twice(ha: ClusterOutcome) -> None:
 
 
 def test_failures_are_the_kills_documented_costs_only(ha: ClusterOutcome) -> None:
-    undocumented = {}
-    for run_id, run in ha.chaos.runs.items():
-        status, reason = run["status"], str(run["failure_reason"] or "")
-        if status == "succeeded":
-            continue
-        if status == "startup_timeout" and reason == STARTUP_TIMEOUT_REASON:
-            continue
-        if status == "failure" and any(p.match(reason) for p in DOCUMENTED_FAILURES.values()):
-            continue
-        undocumented[run_id] = (status, reason)
-    assert undocumented == {}
+    assert undocumented_failures(ha.chaos) == {}
 
 
 def test_every_succeeded_run_has_its_whole_log(ha: ClusterOutcome) -> None:
-    out = ha.chaos
-    succeeded = [run_id for run_id, run in out.runs.items() if run["status"] == "succeeded"]
+    succeeded, broken = broken_logs(ha.chaos)
     assert succeeded
-    broken = {
-        run_id: out.log_errors.get(run_id) or out.logs.get(run_id, "")[-300:]
-        for run_id in succeeded
-        if not whole_log(run_id).fullmatch(out.logs.get(run_id, ""))
-    }
     assert broken == {}
 
 

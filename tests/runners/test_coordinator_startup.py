@@ -235,9 +235,10 @@ def test_a_web_server_that_is_not_gantry_exits_3(web_page: str, tmp_path: Path, 
 
 
 def test_header_names_in_any_case_are_read(tmp_path: Path) -> None:
-    # HTTP's header names are case-insensitive and servers differ: uvicorn's h11 sends them lowercased.
-    # A Gantry-shaped demand answer with lowercase names must pass the start-up check (the coordinator
-    # goes on to poll), as it must under `dev.py run`.
+    # HTTP's header names are case-insensitive and servers differ: uvicorn (the production server) sends
+    # them lowercased, pytest-django's live_server (the other tests' site) as Django wrote them. A
+    # Gantry-shaped demand answer with lowercase names must pass the start-up check (the coordinator
+    # goes on to poll), as it must under `dev.py run` and gunicorn.
     polls: list[str] = []
 
     class Lowercase(BaseHTTPRequestHandler):
