@@ -82,6 +82,7 @@ class Outcome:
     executions: Counter[str] = field(default_factory=Counter)  # run id → lines in the exec file
     faults: list[tuple[float, str, str]] = field(default_factory=list)  # (at, kind, target or "skipped: why")
     pg_outages: list[tuple[float, float]] = field(default_factory=list)  # wall-clock (stopped, answering again)
+    redis_outages: list[tuple[float, float]] = field(default_factory=list)  # wall-clock (stopped, listening again)
     pg_probes: list[list[int]] = field(default_factory=list)  # statuses of the first reads after each restart
     stuck_lanes: list[tuple[float, int]] = field(default_factory=list)  # (when, stack id) queued behind no holder
     process_logs: dict[str, list[Path]] = field(default_factory=dict)  # process kind → its log files
@@ -199,7 +200,9 @@ class Chaos:
                 self.supervisor.kill("coordinator")
                 target = f"pid killed, back in {fault.pause}s"
         elif fault.kind == "redis_restart":
+            stopped = time.time()
             self.redis.restart(down=REDIS_DOWN)
+            self.out.redis_outages.append((stopped, time.time()))
             target = f"port {self.redis.port}"
         elif fault.kind == "postgres_restart":
             stopped = time.time()

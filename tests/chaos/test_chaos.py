@@ -146,6 +146,24 @@ def access_log_5xx(out: Outcome) -> int:
     return sum(1 for line in out.access_log.read_text(errors="replace").splitlines() if re.search(r" 5\d\d$", line))
 
 
+# Celery logs a failed ack at CRITICAL with a traceback when its broker connection is cut
+# under it (kombu's ConnectionError). The message stays unacked and Redis hands it out again;
+# every task Gantry runs is a set-based sweep or an idempotent send, so a second delivery is
+# harmless. Forgiven only while the chaos run's Redis was down or reconnecting (10 s after).
+ACK_CUT = re.compile(r'"logger": "celery\.worker\.request", "msg": "Couldn\'t ack .*reason:network:ConnectionError')
+REDIS_RECONNECT = 10.0
+
+
+def ack_cut_by_redis_restart(out: Outcome, line: str) -> bool:
+    """A worker's log line that is Celery's failed ack during one of the run's Redis restarts."""
+    if not ACK_CUT.search(line):
+        return False
+    with contextlib.suppress(ValueError, KeyError):
+        at = when(json.loads(line)["ts"]).timestamp()
+        return any(down <= at <= up + REDIS_RECONNECT for down, up in out.redis_outages)
+    return False
+
+
 def tracebacks(out: Outcome) -> dict[str, list[str]]:
     """Log lines holding a traceback, by process kind. The server's are split: those of requests
     answered 5xx (judged by the 5xx checks, which forgive an outage) and all others."""
@@ -165,7 +183,7 @@ def tracebacks(out: Outcome) -> dict[str, list[str]]:
             for path in out.process_logs.get(kind, [])
             if path.exists()
             for line in path.read_text(errors="replace").splitlines()
-            if TRACEBACK in line
+            if TRACEBACK in line and not (kind == "worker" and ack_cut_by_redis_restart(out, line))
         ]
     return found
 
