@@ -41,6 +41,7 @@ from typing import Any
 from django.db import connection
 
 from gantry import conf
+from gantry.core import params
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import RUNNER_NOT_ACCEPTED, GroupKind, Organization, RunStatus
 from gantry.dispatch import throttle
@@ -389,27 +390,42 @@ def encode_cursor(created_at: datetime, run_id: uuid.UUID) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+CURSOR_MAX = 256  # an encoded cursor is about 100 characters; anything much longer is not one of ours
+
+
 def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
-    """The (created_at, id) a page continues after; 400 for anything this module did not write."""
+    """The (created_at, id) a page continues after; 400 for anything this module did not write.
+
+    The shape is checked, not trusted: a JSON list of exactly two strings, an
+    aware ISO time and a UUID, in at most ``CURSOR_MAX`` characters (so no deep
+    nesting reaches the JSON parser's recursion). The time is converted to
+    UTC here: PostgreSQL refuses offsets past +/-15:59 ("+23:59"), and a time
+    that leaves the calendar once converted is refused, not passed on.
+    """
     if not cursor:
         return None
     try:
-        at, run_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if len(cursor) > CURSOR_MAX:
+            raise ValueError("too long")
+        decoded = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(decoded, list) or len(decoded) != 2:
+            raise ValueError("not a pair")
+        at, run_id = decoded
+        if not isinstance(at, str) or not isinstance(run_id, str):
+            raise ValueError("not two strings")
         when = datetime.fromisoformat(at)
         if when.tzinfo is None:
             raise ValueError("naive time")
-        return when, uuid.UUID(run_id)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        return when.astimezone(UTC), uuid.UUID(run_id)
+    except (ValueError, TypeError, OverflowError, RecursionError, binascii.Error, UnicodeDecodeError):
         raise InvalidRequest("cursor is not one this API handed out", field="cursor") from None
 
 
 def page_limit(raw: str | None, *, default: int = PAGE_DEFAULT, maximum: int = PAGE_MAX) -> int:
+    """The ``limit`` query parameter: absent or empty is the default; else 1 to ``maximum`` in ASCII digits (400)."""
     if raw in (None, ""):
         return default
-    assert raw is not None
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
-        raise InvalidRequest(f"limit must be a whole number from 1 to {maximum}", field="limit")
-    return int(raw)
+    return params.whole_number(raw, name="limit", minimum=1, maximum=maximum)
 
 
 # ---------------------------------------------------------------- the read
