@@ -1,0 +1,121 @@
+"""The page frame (issue 24, deliverable 7): nav on every page, styled error pages, a favicon, the landing org."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client, override_settings
+from django.urls import include, path
+
+from gantry.core import services
+from gantry.core.models import Membership, Organization, Role
+from gantry.web import errors
+
+
+def session(user: User) -> Client:
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    return client
+
+
+def nav_links(html: str, slug: str) -> bool:
+    return f'href="/orgs/{slug}/queue"' in html and f'href="/orgs/{slug}/runner-groups"' in html
+
+
+def test_it_lands_a_super_admin_on_an_org_they_belong_to(acme: Organization, root: User) -> None:
+    # "aardvark" sorts first of all orgs; root is a member of acme only.
+    Organization.objects.create(slug="aardvark", name="Aardvark")
+    Membership.objects.create(user=root, organization=acme, role=Role.ADMIN)
+    response = session(root).get("/")
+    assert response.status_code == 302
+    assert response["Location"] == "/orgs/acme/queue"
+
+
+def test_it_lands_a_super_admin_of_no_org_on_the_first_org(acme: Organization, root: User) -> None:
+    Organization.objects.create(slug="zebra", name="Zebra")
+    assert session(root).get("/")["Location"] == "/orgs/acme/queue"
+
+
+def test_the_invitations_page_keeps_the_org_links(teammate: User, globex: Organization, owner: User) -> None:
+    services.membership_set(org=globex, username=teammate.username, role=Role.MEMBER, by=owner)
+    html = session(teammate).get("/invitations").content.decode()
+    assert nav_links(html, "acme")
+    assert "UTC</time>" in html  # the invitation's time, as a <time> element
+
+
+def test_another_orgs_page_is_a_styled_404_with_the_nav(teammate: User, globex: Organization) -> None:
+    response = session(teammate).get("/orgs/globex/queue")
+    assert response.status_code == 404
+    html = response.content.decode()
+    assert 'data-error-page="404"' in html
+    assert "gantry.css" in html
+    assert nav_links(html, "acme")
+    assert "globex" not in html.replace("/orgs/globex/queue", "")  # only the path it was asked for
+
+
+def test_an_unknown_path_is_a_styled_404_for_anyone(db: None) -> None:
+    response = Client().get("/no/such/page")
+    assert response.status_code == 404
+    assert 'data-error-page="404"' in response.content.decode()
+
+
+def test_an_api_path_still_answers_json(teammate: User) -> None:
+    response = session(teammate).get("/api/v1/no-such-route")
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"
+
+
+def test_a_non_super_admin_setting_the_rate_gets_a_styled_403(owner: User) -> None:
+    response = session(owner).post("/orgs/acme/rate", {"runs_per_hour_limit": "5"})
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert 'data-error-page="403"' in html
+    assert "Only a super-admin sets the dispatch rate" in html
+    assert nav_links(html, "acme")
+
+
+def _boom(request: Any) -> Any:
+    raise RuntimeError("a page crashed")
+
+
+# The site's own routes (the error page reverses them) plus one that crashes.
+urlpatterns = [path("boom", _boom), path("", include("gantry.urls"))]
+handler500 = "gantry.web.errors.server_error"
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_the_500_page_is_styled_and_needs_neither_the_database_nor_a_user(teammate: User) -> None:
+    client = session(teammate)
+    response = client.get("/boom")
+    assert response.status_code == 500
+    assert 'data-error-page="500"' in response.content.decode()
+
+
+def test_the_500_page_renders_with_the_database_closed(rf: Any, db: None) -> None:
+    request = rf.get("/queue")  # no user, no session: as Django calls handler500 when all else failed
+    blocked = connections["default"].execute_wrapper(_no_queries)
+    with blocked:
+        response = errors.server_error(request)
+    assert response.status_code == 500
+    html = response.content.decode()
+    assert 'data-error-page="500"' in html
+    assert "gantry.css" in html
+
+
+def _no_queries(*args: Any) -> Any:
+    raise AssertionError("the 500 page queried the database")
+
+
+@pytest.mark.parametrize("who", ["anonymous", "member"])
+def test_the_favicon_answers_on_every_path(teammate: User, who: str) -> None:
+    client = session(teammate) if who == "member" else Client()
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301
+    assert response["Location"].endswith("web/favicon.svg")
+    icon = client.get(response["Location"])
+    assert icon.status_code == 200
+    assert b"<svg" in (b"".join(icon.streaming_content) if icon.streaming else icon.content)
+    assert 'rel="icon"' in client.get("/orgs/acme/queue" if who == "member" else "/login").content.decode()
