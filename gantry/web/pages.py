@@ -12,9 +12,9 @@ posts to a view here that calls the same service as the API; a refusal
 from __future__ import annotations
 
 import uuid
-from urllib.parse import urlencode
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -128,12 +128,12 @@ def queue_context(request: HttpRequest, org: Organization, role: str) -> dict[st
         "more_waiting": page.next_cursor is not None,
         "paged": cursor is not None,
         "first_page_url": base + (f"?{urlencode(keep_limit)}" if keep_limit else ""),
-        "next_page_url": f"{base}?{urlencode({'cursor': page.next_cursor, **keep_limit})}" if page.next_cursor else None,
+        "next_page_url": f"{base}?{urlencode({'cursor': page.next_cursor, **keep_limit})}"
+        if page.next_cursor
+        else None,
         # The live refresh fetches the same page the user is on.
         "live_url": f"{base}?{urlencode({**({'cursor': cursor} if cursor else {}), **keep_limit, 'partial': '1'})}",
-        "running": [
-            {"run": r, "for": words.duration((now - (r.started_at or now)).total_seconds())} for r in running
-        ],
+        "running": [{"run": r, "for": words.duration((now - (r.started_at or now)).total_seconds())} for r in running],
         "finished": finished[::-1][:FINISHED_SHOWN],
         "now": now,
     }

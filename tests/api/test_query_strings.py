@@ -41,7 +41,7 @@ NOW = "2026-01-01T10:00:00+00:00"
 
 BAD_LIMITS = {
     "superscript two": "²",
-    "arabic-indic digits": "١٢",
+    "arabic-indic digits": "\u0661\u0662",
     "plus sign": "+1",
     "leading space": " 1",
     "underscore": "1_0",

@@ -86,7 +86,8 @@ def test_a_dismissed_confirmation_cancels_nothing_and_an_accepted_one_cancels(
     page.goto(f"/runs/{run.id}")
     expect(page.locator("[data-cancel-vs-skip]")).to_contain_text("Skip")
     page.click("button[data-action=cancel]")
-    assert asked and asked[0].startswith("Cancel this run?")
+    assert asked
+    assert asked[0].startswith("Cancel this run?")
     page.wait_for_timeout(500)
     run.refresh_from_db()
     assert run.status == waiting
@@ -117,7 +118,9 @@ def test_another_orgs_page_is_a_styled_404_that_keeps_the_nav(
     assert response.status == 404
     expect(ada.locator("[data-error-page='404'] h1")).to_contain_text("Not found")
     expect(ada.locator("header.top nav a", has_text="Queue")).to_have_attribute("href", "/orgs/acme/queue")
-    expect(ada.locator("header.top nav a", has_text="Runner groups")).to_have_attribute("href", "/orgs/acme/runner-groups")
+    expect(ada.locator("header.top nav a", has_text="Runner groups")).to_have_attribute(
+        "href", "/orgs/acme/runner-groups"
+    )
     # Styled: the site's sheet applies (the header's dark band).
     band = ada.locator("header.top").evaluate("(el) => getComputedStyle(el).backgroundColor")
     assert band == "rgb(18, 50, 95)"

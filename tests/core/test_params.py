@@ -19,7 +19,7 @@ def test_it_reads_ascii_digits(raw: str, value: int) -> None:
         None,
         "",
         "²",  # str.isdigit() is true for it; int() refuses it
-        "١٢",  # Arabic-Indic digits: int() would take them
+        "\u0661\u0662",  # Arabic-Indic digits: int() would take them
         "+1",
         "-1",
         " 1",

@@ -53,5 +53,7 @@ def test_it_offers_the_words_as_template_filters() -> None:
     html = Template(
         '{% load words %}{{ s|duration }}|{{ one|plural:"run" }}|{{ two|plural:"entry,entries" }}|'
         "{{ start|since:end }}|{{ start|since:none }}"
-    ).render(Context({"s": 3526, "one": 1, "two": 2, "start": start, "end": start + timedelta(minutes=7), "none": None}))
+    ).render(
+        Context({"s": 3526, "one": 1, "two": 2, "start": start, "end": start + timedelta(minutes=7), "none": None})
+    )
     assert html == "58 min|1 run|2 entries|7 min|"
