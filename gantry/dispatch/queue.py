@@ -41,7 +41,7 @@ from typing import Any
 from django.db import connection
 
 from gantry import conf
-from gantry.core import params
+from gantry.core import params, words
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import RUNNER_NOT_ACCEPTED, GroupKind, Organization, RunStatus
 from gantry.dispatch import throttle
@@ -269,8 +269,8 @@ def org_throttled(s: Situation) -> Reason | None:
         detail = "The org's dispatch rate is 0 runs per hour: nothing dispatches until a super-admin raises it."
     else:
         detail = (
-            f"The org's dispatch budget ({budget.runs_per_hour_limit} runs per hour) is spent; the next run "
-            f"may go at {_when(until)} (in {budget.seconds_to_next_slot} s)."
+            f"The org's dispatch budget ({words.plural(budget.runs_per_hour_limit, 'run')} per hour) is spent; "
+            f"the next run may go at {_when(until)} (in {words.duration(budget.seconds_to_next_slot)})."
         )
     return {"detail": detail, "until": _iso(until)}
 
@@ -284,7 +284,7 @@ def org_in_flight_cap(s: Situation) -> Reason | None:
     if flight.count < flight.cap:
         return None
     return {
-        "detail": f"The org has {flight.count} runs in flight on its GitHub Actions groups, its cap "
+        "detail": f"The org has {words.plural(flight.count, 'run')} in flight on its GitHub Actions groups, its cap "
         f"({flight.cap}: max_in_flight, else GANTRY_DISPATCH_MAX_PER_ORG); the next goes when one ends.",
         "in_flight": flight.count,
         "cap": flight.cap,
@@ -311,7 +311,7 @@ def no_runner_polling(s: Situation) -> Reason | None:
     seen = f"last poll {_when(last)}" if last else "never polled"
     return {
         "detail": f"{_names(groups)} {'has' if len(groups) == 1 else 'have'} free slots, but no coordinator "
-        f"polled in the last {s.org.stale_after} s ({seen}): is it running?",
+        f"polled in the last {words.duration(s.org.stale_after)} ({seen}): is it running?",
         "group_ids": [g.id for g in groups],
         "last_polled_at": _iso(last),
     }
