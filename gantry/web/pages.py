@@ -20,7 +20,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -290,7 +290,7 @@ def group_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     if group is None or role is None:
         raise Http404("no such runner group")
     if role != Role.ADMIN:
-        return HttpResponseForbidden("this needs the org admin role")
+        raise PermissionDenied("this needs the org admin role")  # the styled 403 page (gantry.web.errors)
     back = reverse("web:groups", kwargs={"org": group.organization.slug})
     if action in ("drain", "undrain"):
         drained = action == "drain"

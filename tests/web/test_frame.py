@@ -119,3 +119,14 @@ def test_the_favicon_answers_on_every_path(teammate: User, who: str) -> None:
     assert icon.status_code == 200
     assert b"<svg" in (b"".join(icon.streaming_content) if icon.streaming else icon.content)
     assert 'rel="icon"' in client.get("/orgs/acme/queue" if who == "member" else "/login").content.decode()
+
+
+def test_a_member_pressing_an_admins_button_gets_the_styled_403(teammate: User, acme: Organization) -> None:
+    group, _token = services.runner_group_create(org=acme, name="linux", labels={"os": "linux"})
+    response = session(teammate).post(f"/runner-groups/{group.id}/drain")
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert 'data-error-page="403"' in html
+    assert "This needs the org admin role" in html
+    group.refresh_from_db()
+    assert not group.drained
