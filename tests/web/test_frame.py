@@ -11,8 +11,9 @@ from django.test import Client, override_settings
 from django.urls import include, path
 
 from gantry.core import services
-from gantry.core.models import Membership, Organization, Role
+from gantry.core.models import Membership, Organization, Role, Run, Stack
 from gantry.web import errors
+from tests.dispatch.helpers import deploy
 
 
 def session(user: User) -> Client:
@@ -130,3 +131,31 @@ def test_a_member_pressing_an_admins_button_gets_the_styled_403(teammate: User, 
     assert "This needs the org admin role" in html
     group.refresh_from_db()
     assert not group.drained
+
+
+def test_the_lane_holder_and_retry_of_ids_link_to_their_runs(teammate: User, stack: Stack) -> None:
+    first = deploy(stack)
+    second = deploy(stack)  # queued behind the first, which holds the stack's lane
+    client = session(teammate)
+    queue_html = client.get("/orgs/acme/queue").content.decode()
+    assert f'<a href="/runs/{first.id}" data-lane-holder>{first.id}</a>' in queue_html
+    run_html = client.get(f"/runs/{second.id}").content.decode()
+    assert f'<a href="/runs/{first.id}" data-lane-holder>' in run_html
+
+    services.run_request_cancellation(run_id=first.id)  # cancelled: retryable
+    services.deployment_retry(deployment_id=first.deployment_id)
+    retry = Run.objects.filter(deployment_id=first.deployment_id).order_by("-attempt").first()
+    assert retry is not None
+    assert retry.id != first.id
+    retry_html = client.get(f"/runs/{retry.id}").content.decode()
+    assert f'retry_of=<a href="/runs/{first.id}" data-run-link>' in retry_html
+
+
+def test_a_page_says_how_cancel_and_skip_differ(teammate: User, stack: Stack) -> None:
+    run = deploy(stack)
+    client = session(teammate)
+    run_html = client.get(f"/runs/{run.id}").content.decode()
+    assert "data-cancel-vs-skip" in run_html
+    assert 'data-confirm="Cancel this run?' in run_html
+    assert 'data-confirm="Skip this deployment?' in run_html
+    assert "lane moves on" in client.get("/orgs/acme/queue").content.decode()
