@@ -21,6 +21,8 @@ urlpatterns = [
     path("runner/gantry-runner-<str:version>.pyz", runner_client.versioned),
 ]
 
-# JSON errors for API paths that match no route (or crash), in the contract's shape.
+# JSON errors for API paths that match no route (or crash), in the contract's shape; styled pages elsewhere.
+handler400 = "gantry.web.errors.bad_request"
+handler403 = "gantry.web.errors.forbidden"
 handler404 = "gantry.web.errors.not_found"
 handler500 = "gantry.web.errors.server_error"

@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 
 from gantry.api.auth import IsRunnerGroup
 from gantry.api.common import UserView, group_of, org_for, runner_errors, user_errors
+from gantry.core import params
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import WAITING, Run, RunStatus
 from gantry.dispatch import demand, queue
@@ -163,13 +164,11 @@ class QueueView(UserView):
 
 
 def _int_param(request: Request, name: str) -> int | None:
+    """An id filter: absent or empty is no filter; else 1-19 ASCII digits up to a bigint (400 otherwise)."""
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return None
-    assert raw is not None
-    if not raw.isdigit() or int(raw) > 2**63 - 1:
-        raise InvalidRequest(f"{name} must be a whole number", field=name)
-    return int(raw)
+    return params.whole_number(raw, name=name)
 
 
 def runs_page(request: Request, org_id: int) -> tuple[list[Run], str | None]:

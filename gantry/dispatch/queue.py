@@ -41,6 +41,7 @@ from typing import Any
 from django.db import connection
 
 from gantry import conf
+from gantry.core import params, words
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import RUNNER_NOT_ACCEPTED, GroupKind, Organization, RunStatus
 from gantry.dispatch import throttle
@@ -268,8 +269,8 @@ def org_throttled(s: Situation) -> Reason | None:
         detail = "The org's dispatch rate is 0 runs per hour: nothing dispatches until a super-admin raises it."
     else:
         detail = (
-            f"The org's dispatch budget ({budget.runs_per_hour_limit} runs per hour) is spent; the next run "
-            f"may go at {_when(until)} (in {budget.seconds_to_next_slot} s)."
+            f"The org's dispatch budget ({words.plural(budget.runs_per_hour_limit, 'run')} per hour) is spent; "
+            f"the next run may go at {_when(until)} (in {words.duration(budget.seconds_to_next_slot)})."
         )
     return {"detail": detail, "until": _iso(until)}
 
@@ -283,7 +284,7 @@ def org_in_flight_cap(s: Situation) -> Reason | None:
     if flight.count < flight.cap:
         return None
     return {
-        "detail": f"The org has {flight.count} runs in flight on its GitHub Actions groups, its cap "
+        "detail": f"The org has {words.plural(flight.count, 'run')} in flight on its GitHub Actions groups, its cap "
         f"({flight.cap}: max_in_flight, else GANTRY_DISPATCH_MAX_PER_ORG); the next goes when one ends.",
         "in_flight": flight.count,
         "cap": flight.cap,
@@ -310,7 +311,7 @@ def no_runner_polling(s: Situation) -> Reason | None:
     seen = f"last poll {_when(last)}" if last else "never polled"
     return {
         "detail": f"{_names(groups)} {'has' if len(groups) == 1 else 'have'} free slots, but no coordinator "
-        f"polled in the last {s.org.stale_after} s ({seen}): is it running?",
+        f"polled in the last {words.duration(s.org.stale_after)} ({seen}): is it running?",
         "group_ids": [g.id for g in groups],
         "last_polled_at": _iso(last),
     }
@@ -389,27 +390,42 @@ def encode_cursor(created_at: datetime, run_id: uuid.UUID) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+CURSOR_MAX = 256  # an encoded cursor is about 100 characters; anything much longer is not one of ours
+
+
 def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
-    """The (created_at, id) a page continues after; 400 for anything this module did not write."""
+    """The (created_at, id) a page continues after; 400 for anything this module did not write.
+
+    The shape is checked, not trusted: a JSON list of exactly two strings, an
+    aware ISO time and a UUID, in at most ``CURSOR_MAX`` characters (so no deep
+    nesting reaches the JSON parser's recursion). The time is converted to
+    UTC here: PostgreSQL refuses offsets past +/-15:59 ("+23:59"), and a time
+    that leaves the calendar once converted is refused, not passed on.
+    """
     if not cursor:
         return None
     try:
-        at, run_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if len(cursor) > CURSOR_MAX:
+            raise ValueError("too long")
+        decoded = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(decoded, list) or len(decoded) != 2:
+            raise ValueError("not a pair")
+        at, run_id = decoded
+        if not isinstance(at, str) or not isinstance(run_id, str):
+            raise ValueError("not two strings")
         when = datetime.fromisoformat(at)
         if when.tzinfo is None:
             raise ValueError("naive time")
-        return when, uuid.UUID(run_id)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        return when.astimezone(UTC), uuid.UUID(run_id)
+    except (ValueError, TypeError, OverflowError, RecursionError, binascii.Error, UnicodeDecodeError):
         raise InvalidRequest("cursor is not one this API handed out", field="cursor") from None
 
 
 def page_limit(raw: str | None, *, default: int = PAGE_DEFAULT, maximum: int = PAGE_MAX) -> int:
+    """The ``limit`` query parameter: absent or empty is the default; else 1 to ``maximum`` in ASCII digits (400)."""
     if raw in (None, ""):
         return default
-    assert raw is not None
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
-        raise InvalidRequest(f"limit must be a whole number from 1 to {maximum}", field="limit")
-    return int(raw)
+    return params.whole_number(raw, name="limit", minimum=1, maximum=maximum)
 
 
 # ---------------------------------------------------------------- the read

@@ -14,11 +14,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -26,7 +28,7 @@ from django.views.decorators.http import require_POST
 
 from gantry import conf
 from gantry.api.auth import member_role
-from gantry.core import services
+from gantry.core import params, services, words
 from gantry.core.errors import GantryError
 from gantry.core.models import EXECUTING, NEVER_STARTED, TERMINAL, Organization, Role, Run, Runner, RunnerGroup
 from gantry.core.services.deployments import RETRYABLE
@@ -54,28 +56,40 @@ def user_orgs(user: User) -> list[Organization]:
     return list(qs.order_by("slug"))
 
 
+def landing_org(user: User, orgs: list[Organization] | None = None) -> Organization | None:
+    """The org a user lands on: the first (by slug) they are a member of; a super-admin in none, the first org.
+
+    A super-admin sees every org, but the one they work in is theirs: landing
+    on another org's queue (the first slug of all) was a surprise.
+    """
+    own = Organization.objects.filter(memberships__user=user).order_by("slug").first()
+    if own is not None or not user.is_superuser:
+        return own
+    every = orgs if orgs is not None else user_orgs(user)
+    return every[0] if every else None
+
+
 def _nav(request: HttpRequest, org: Organization | None, role: str | None, page: str) -> dict[str, Any]:
     user = _user(request)
+    orgs = user_orgs(user)
     return {
         "org": org,
+        # The org whose links the nav shows: the page's own, else the user's landing org (pages outside any
+        # org, such as /invitations and the error pages, keep the Queue and Runner-groups links).
+        "nav_org": org if org is not None else landing_org(user, orgs),
         "role": role,
         "is_org_admin": role == Role.ADMIN,
         "page": page,
-        "orgs": user_orgs(user),
+        "orgs": orgs,
         "invitation_count": len(services.pending_invitations(user)),
     }
 
 
-def ago(seconds: float) -> str:
-    """'42 s', '7 min', '3 h 5 min', '2 d 4 h': how long, for a person."""
-    s = int(max(0, seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"
+def frame_context(request: HttpRequest) -> dict[str, Any]:
+    """The nav for a page that is not an org's (an error page): nothing for an anonymous visitor."""
+    if not isinstance(getattr(request, "user", None), User):
+        return {}
+    return _nav(request, None, None, "")
 
 
 # ---------------------------------------------------------------- home
@@ -83,10 +97,10 @@ def ago(seconds: float) -> str:
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    """The site root: the user's (first) org's queue, or a page saying what to do without one."""
-    orgs = user_orgs(_user(request))
-    if orgs:
-        return redirect("web:queue", org=orgs[0].slug)
+    """The site root: the user's landing org's queue, or a page saying what to do without one."""
+    org = landing_org(_user(request))
+    if org is not None:
+        return redirect("web:queue", org=org.slug)
     return render(request, "web/no_org.html", _nav(request, None, None, "home"))
 
 
@@ -94,8 +108,11 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 def queue_context(request: HttpRequest, org: Organization, role: str) -> dict[str, Any]:
+    """The queue page's live part; ``?cursor=&limit=`` page the waiting runs as the API does (400 when bad)."""
     now = timezone.now()
-    page = queue.read_queue(org=org, now=now, limit=queue.PAGE_DEFAULT)
+    cursor = request.GET.get("cursor") or None
+    limit = queue.page_limit(request.GET.get("limit"))
+    page = queue.read_queue(org=org, now=now, cursor=cursor, limit=limit)
     running = list(
         Run.objects.filter(organization=org, status__in=sorted(EXECUTING))
         .select_related("stack", "assigned_runner__runner_group")
@@ -103,11 +120,20 @@ def queue_context(request: HttpRequest, org: Organization, role: str) -> dict[st
     )
     recent = Run.objects.filter(organization=org, status__in=sorted(TERMINAL)).select_related("stack")
     finished = sorted(recent.order_by("-created_at", "-id")[: FINISHED_SHOWN * 3], key=lambda r: r.finished_at or now)
+    base = reverse("web:queue", kwargs={"org": org.slug})
+    keep_limit = {"limit": str(limit)} if request.GET.get("limit") else {}
     return {
         "budget": page.org.budget,
-        "waiting": [{"entry": e, "waited": ago(e.waiting_seconds)} for e in page.entries],
+        "waiting": [{"entry": e, "waited": words.duration(e.waiting_seconds)} for e in page.entries],
         "more_waiting": page.next_cursor is not None,
-        "running": [{"run": r, "for": ago((now - (r.started_at or now)).total_seconds())} for r in running],
+        "paged": cursor is not None,
+        "first_page_url": base + (f"?{urlencode(keep_limit)}" if keep_limit else ""),
+        "next_page_url": f"{base}?{urlencode({'cursor': page.next_cursor, **keep_limit})}"
+        if page.next_cursor
+        else None,
+        # The live refresh fetches the same page the user is on.
+        "live_url": f"{base}?{urlencode({**({'cursor': cursor} if cursor else {}), **keep_limit, 'partial': '1'})}",
+        "running": [{"run": r, "for": words.duration((now - (r.started_at or now)).total_seconds())} for r in running],
         "finished": finished[::-1][:FINISHED_SHOWN],
         "now": now,
     }
@@ -116,9 +142,17 @@ def queue_context(request: HttpRequest, org: Organization, role: str) -> dict[st
 @login_required
 def queue_page(request: HttpRequest, org: str) -> HttpResponse:
     organization, role = org_and_role(request, org)
-    context = {**_nav(request, organization, role, "queue"), **queue_context(request, organization, role)}
+    nav = _nav(request, organization, role, "queue")
+    try:
+        context = {**nav, **queue_context(request, organization, role)}
+    except GantryError as exc:
+        # A crafted ?cursor= or ?limit= is the caller's mistake: say so on a page, as a 400, never a 500.
+        return render(request, "400.html", {**nav, "detail": exc.detail, "code": exc.code}, status=exc.http_status)
     template = "web/queue_live.html" if request.GET.get("partial") else "web/queue.html"
     return render(request, template, context)
+
+
+RATE_MAX = 1_000_000
 
 
 @login_required
@@ -126,14 +160,17 @@ def queue_page(request: HttpRequest, org: str) -> HttpResponse:
 def set_rate(request: HttpRequest, org: str) -> HttpResponse:
     organization, _ = org_and_role(request, org)
     if not _user(request).is_superuser:
-        return HttpResponseForbidden("only a super-admin sets the dispatch rate")
-    raw = request.POST.get("runs_per_hour_limit", "")
+        raise PermissionDenied("only a super-admin sets the dispatch rate")
     back = reverse("web:queue", kwargs={"org": organization.slug})
-    if not raw.isdigit() or int(raw) > 1_000_000:
+    try:
+        limit = params.whole_number(
+            request.POST.get("runs_per_hour_limit", ""), name="runs_per_hour_limit", maximum=RATE_MAX
+        )
+    except GantryError:
         messages.error(request, "The rate must be a whole number of runs per hour, 0 to 1,000,000.")
         return HttpResponseRedirect(back)
-    services.org_set_runs_per_hour_limit(org=organization, limit=int(raw))
-    messages.success(request, f"Dispatch rate set to {int(raw)} runs per hour.")
+    services.org_set_runs_per_hour_limit(org=organization, limit=limit)
+    messages.success(request, f"Dispatch rate set to {words.plural(limit, 'run')} per hour.")
     return HttpResponseRedirect(back)
 
 
@@ -233,7 +270,7 @@ def groups_context(request: HttpRequest, org: Organization, role: str) -> dict[s
         else:
             silent = (now - g.last_polled_at).total_seconds()
             online = silent <= stale
-            poll = "coordinator online" if online else f"silent for {ago(silent)}"
+            poll = "coordinator online" if online else f"silent for {words.duration(silent)}"
         rows.append({"group": g, "poll": poll, "online": online})
     return {**_nav(request, org, role, "groups"), "groups": rows, "stale_after": stale}
 
@@ -253,7 +290,7 @@ def group_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     if group is None or role is None:
         raise Http404("no such runner group")
     if role != Role.ADMIN:
-        return HttpResponseForbidden("this needs the org admin role")
+        raise PermissionDenied("this needs the org admin role")  # the styled 403 page (gantry.web.errors)
     back = reverse("web:groups", kwargs={"org": group.organization.slug})
     if action in ("drain", "undrain"):
         drained = action == "drain"

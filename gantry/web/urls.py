@@ -1,10 +1,18 @@
 """The pages (``gantry.web.pages``, ``gantry.web.accounts``); the site root leads to the user's queue."""
 
+from django.http import HttpRequest, HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import path
 
 from gantry.web import accounts, pages
 
 app_name = "web"
+
+
+def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    # Resolved per request, not at URL-conf load: the static storage may hash the name.
+    return HttpResponsePermanentRedirect(static("web/favicon.svg"))
+
 
 urlpatterns = [
     path("", pages.home, name="home"),
@@ -19,4 +27,6 @@ urlpatterns = [
     path("runner-groups/<int:pk>/<str:action>", pages.group_action, name="group_action"),
     path("runs/<uuid:pk>", pages.run_page, name="run"),
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
+    # Browsers ask for /favicon.ico whatever the page's <link rel=icon> says: send them to the SVG.
+    path("favicon.ico", favicon, name="favicon"),
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -145,7 +146,10 @@ def test_org_throttled(teammate_api: APIClient, acme: Organization, stack: Stack
     assert abs(
         timezone.datetime.fromisoformat(reason["until"]) - timezone.datetime.fromisoformat(budget["next_slot_at"])
     ) < timedelta(seconds=2)
-    assert "1 runs per hour" in reason["detail"]
+    assert "(1 run per hour)" in reason["detail"]  # not "1 runs"
+    assert re.search(r"\(in \d+ (s|min|h)( \d+ min)?\)\.$", reason["detail"]), reason[
+        "detail"
+    ]  # in words, not "3526 s"
     assert poll(group) is None  # the claim is throttled too
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from django.contrib.auth.models import User
@@ -43,6 +44,8 @@ def test_it_force_deletes_offline_runners_and_names_each_refusal(owner: User, st
     assert "Force-deleted 1 runner(s)." in messages
     refusal = next(m for m in messages if str(live) in m)
     assert refusal.startswith(f"Runner {live}: runner was last seen at ")
+    # The time to the second, as a person reads it: no microseconds.
+    assert re.search(r"last seen at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC;", refusal), refusal
     assert "GANTRY_RUNNER_FORCE_GATE" in refusal
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gzip
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.test import override_settings
@@ -61,8 +61,11 @@ def test_it_refuses_before_the_gate_and_says_when_it_becomes_eligible(
     assert body["code"] == "runner_not_offline"
     eligible = seen + timedelta(minutes=5)
     assert body["eligible_at"] == eligible.isoformat()
-    assert f"last seen at {seen.isoformat()}" in body["detail"]
-    assert f"from {eligible.isoformat()}" in body["detail"]
+    # A sentence for a person: UTC to the second, the gate in words (no microseconds, no "+00:00").
+    assert f"last seen at {seen.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" in body["detail"]
+    assert f"from {eligible.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" in body["detail"]
+    assert "offline for 5 min (" in body["detail"]
+    assert "." not in body["detail"].split("last seen at ")[1].split(";")[0]
     assert "GANTRY_RUNNER_FORCE_GATE" in body["detail"]
     assert world() == before
     assert log_manifest(run) is None

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.contrib.auth.models import User
 from django.db import transaction
 
 from gantry import conf
+from gantry.core import words
 from gantry.core.errors import NotFound, RunnerBusy, RunnerHoldsRun, RunnerNotOffline
 from gantry.core.models import (
     EXECUTING,
@@ -210,6 +211,11 @@ def runner_fail_lost(
     return LostRunner(run_id=run_id, failed=True)
 
 
+def _when(at: datetime) -> str:
+    """A time for a sentence a person reads (the admin's refusal, a run's failure reason): UTC, to the second."""
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def runner_force_delete(
     *, runner_id: uuid.UUID, by: User | None = None, now: datetime | None = None
 ) -> uuid.UUID | None:
@@ -235,8 +241,8 @@ def runner_force_delete(
         if now < eligible_at:
             what = "last seen" if runner.last_seen_at else "created (never seen)"
             raise RunnerNotOffline(
-                f"runner was {what} at {seen.isoformat()}; it may be force-deleted once it has been offline for "
-                f"{gate.total_seconds():.0f} s (GANTRY_RUNNER_FORCE_GATE), from {eligible_at.isoformat()}",
+                f"runner was {what} at {_when(seen)}; it may be force-deleted once it has been offline for "
+                f"{words.duration(gate.total_seconds())} (GANTRY_RUNNER_FORCE_GATE), from {_when(eligible_at)}",
                 eligible_at=eligible_at.isoformat(),
             )
         failed = (
@@ -249,7 +255,7 @@ def runner_force_delete(
             fail_executing_run(
                 run_id=failed,
                 runner_id=runner_id,
-                reason=f"runner {runner_id} was force-deleted{who} after being offline since {seen.isoformat()}",
+                reason=f"runner {runner_id} was force-deleted{who} after being offline since {_when(seen)}",
                 event="force_deleted",
                 now=now,
             )

@@ -1,4 +1,4 @@
-// Gantry's pages: refresh the live part of a page, follow a run's log, small form helpers. No library.
+// Gantry's pages: refresh the live part of a page, follow a run's log, local times, confirmations. No library.
 (function () {
   "use strict";
 
@@ -11,7 +11,9 @@
       busy = true;
       fetch(el.getAttribute("data-live"), { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
         .then(function (r) { return r.ok ? r.text() : null; })
-        .then(function (html) { if (html !== null) { el.innerHTML = html; el.dispatchEvent(new Event("gantry:updated")); } })
+        .then(function (html) {
+          if (html !== null) { el.innerHTML = html; localTimes(el); el.dispatchEvent(new Event("gantry:updated", { bubbles: true })); }
+        })
         .catch(function () {})
         .finally(function () { busy = false; });
     }, every);
@@ -47,16 +49,51 @@
     tick();
   }
 
+  // <time datetime="ISO">: the browser's local time and a relative form ("3 min ago", "in 59 min"); the exact
+  // UTC time on hover (title). The server writes UTC text, so without this script the page still tells the truth.
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  function relative(ms) {
+    var s = Math.round(Math.abs(ms) / 1000), text;
+    if (s < 5) return "just now";
+    if (s < 120) text = s + " s";
+    else if (s < 3600) text = Math.floor(s / 60) + " min";
+    else if (s < 86400) text = Math.floor(s / 3600) + " h" + (s % 3600 >= 60 ? " " + Math.floor(s % 3600 / 60) + " min" : "");
+    else text = Math.floor(s / 86400) + " d" + (s % 86400 >= 3600 ? " " + Math.floor(s % 86400 / 3600) + " h" : "");
+    return ms < 0 ? "in " + text : text + " ago";
+  }
+  function localTimes(root) {
+    var now = Date.now();
+    (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
+      var at = new Date(el.getAttribute("datetime"));
+      if (isNaN(at.getTime())) return;
+      var precise = el.hasAttribute("data-precise");
+      var local = at.getFullYear() + "-" + pad(at.getMonth() + 1) + "-" + pad(at.getDate()) + " " +
+        pad(at.getHours()) + ":" + pad(at.getMinutes()) + (precise ? ":" + pad(at.getSeconds()) : "");
+      el.textContent = local + " (" + relative(now - at.getTime()) + ")";
+      el.title = at.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+      el.setAttribute("data-local", "1");
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-live]").forEach(live);
     document.querySelectorAll("pre[data-log]").forEach(followLog);
     var pick = document.querySelector("[data-orgpick-select]");
     if (pick) pick.addEventListener("change", function () { window.location = pick.value; });
+    localTimes(document);
+    // Relative forms age: refresh them twice a minute even where nothing is live.
+    setInterval(function () { localTimes(document); }, 30000);
   });
 
-  // Forms that ask first (rotate a token). Delegated: live parts are re-rendered.
-  document.addEventListener("submit", function (ev) {
-    var msg = ev.target.getAttribute && ev.target.getAttribute("data-confirm");
-    if (msg && !window.confirm(msg)) ev.preventDefault();
-  });
+  confirmButtons();
 })();
+
+// <button data-confirm="question">: ask first, on every page; "no" cancels the submit. Delegated on the document,
+// so buttons in live parts (re-rendered every few seconds) are covered too.
+function confirmButtons() {
+  "use strict";
+  document.addEventListener("click", function (ev) {
+    var button = ev.target.closest && ev.target.closest("button[data-confirm]");
+    if (button && !window.confirm(button.getAttribute("data-confirm"))) { ev.preventDefault(); ev.stopImmediatePropagation(); }
+  }, true);
+}
