@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import F, Model
 from rest_framework.authtoken.models import Token
@@ -127,6 +128,32 @@ def membership_set(
             )
         membership, created = members.grant(org=org, user=user, role=role)
     return MemberChange(membership=membership, invitation=None, created=created)
+
+
+def membership_invite(*, org: Organization, who: str, role: str, by: User) -> MemberChange:
+    """The members page's invite: ``who`` is a username or an email address.
+
+    An email of an existing account (``User.email``, any case) invites that
+    account, as ``membership_set`` does for a username. An email nobody has
+    becomes a new user named by it (Django's username rule allows ``@ . + -
+    _``), with that email, a member at once with a set-password link.
+    """
+    who = who.strip() if isinstance(who, str) else who
+    if isinstance(who, str) and "@" in who:
+        try:
+            validate_email(who)
+        except ValidationError:
+            raise InvalidRequest(f"{who!r} is not an email address", field="who") from None
+        known = list(User.objects.filter(email__iexact=who).values_list("username", flat=True)[:2])
+        if len(known) > 1:
+            raise InvalidRequest("more than one account has that email: invite by username", field="who")
+        if known:
+            return membership_set(org=org, username=known[0], role=role, by=by)
+        change = membership_set(org=org, username=who, role=role, by=by)
+        if change.created and change.membership is not None:
+            User.objects.filter(id=change.membership.user_id, email="").update(email=who)
+        return change
+    return membership_set(org=org, username=who, role=role, by=by)
 
 
 def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple[RunnerGroup, str]:
