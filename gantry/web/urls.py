@@ -1,8 +1,11 @@
-"""The pages (``gantry.web.pages``, ``gantry.web.accounts``); the site root leads to the user's queue."""
+"""The pages (``gantry.web.pages``, ``gantry.web.accounts``, ``gantry.web.member_pages``).
+
+The site root leads to the user's queue.
+"""
 
 from django.urls import path
 
-from gantry.web import accounts, pages
+from gantry.web import accounts, member_pages, pages
 
 app_name = "web"
 
@@ -19,4 +22,10 @@ urlpatterns = [
     path("runner-groups/<int:pk>/<str:action>", pages.group_action, name="group_action"),
     path("runs/<uuid:pk>", pages.run_page, name="run"),
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
+    path("orgs/<slug:org>/members", member_pages.members_page, name="members"),
+    path("orgs/<slug:org>/members/invite", member_pages.member_invite, name="member_invite"),
+    path("orgs/<slug:org>/members/<str:username>/<str:action>", member_pages.member_action, name="member_action"),
+    path("account", member_pages.account_page, name="account"),
+    path("account/token", member_pages.account_token, name="account_token"),
+    path("account/password", member_pages.password_change, name="password_change"),
 ]

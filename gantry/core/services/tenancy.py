@@ -91,7 +91,13 @@ class MemberChange:
 
 
 def membership_set(
-    *, org: Organization, username: str, role: str, by: User | None = None, invite_existing: bool = True
+    *,
+    org: Organization,
+    username: str,
+    role: str,
+    by: User | None = None,
+    invite_existing: bool = True,
+    email: str = "",
 ) -> MemberChange:
     """Add ``username`` to ``org`` with ``role``, or change a member's role.
 
@@ -99,7 +105,8 @@ def membership_set(
     link sets one) and a member at once. An existing user who is not a
     member is *invited* (members.py): nobody is attached to an org without
     their consent. ``invite_existing=False`` is for an operator's own command
-    (``demo_setup``), where the consent is the operator's.
+    (``demo_setup``), where the consent is the operator's. ``email`` is a new
+    user's email (before the link is made: Django's token hashes it).
     """
     if role not in Role.values:
         raise InvalidRequest(f"role must be one of: {', '.join(Role.values)}")
@@ -113,7 +120,8 @@ def membership_set(
     with transaction.atomic():
         user = User.objects.filter(username=username).first()
         if user is None:
-            user = User.objects.create_user(username=username)  # no password: unusable until the link sets one
+            # No password: unusable until the link sets one.
+            user = User.objects.create_user(username=username, email=email)
             membership, _ = members.grant(org=org, user=user, role=role)
             return MemberChange(
                 membership=membership,
@@ -149,10 +157,7 @@ def membership_invite(*, org: Organization, who: str, role: str, by: User) -> Me
             raise InvalidRequest("more than one account has that email: invite by username", field="who")
         if known:
             return membership_set(org=org, username=known[0], role=role, by=by)
-        change = membership_set(org=org, username=who, role=role, by=by)
-        if change.created and change.membership is not None:
-            User.objects.filter(id=change.membership.user_id, email="").update(email=who)
-        return change
+        return membership_set(org=org, username=who, role=role, by=by, email=who)
     return membership_set(org=org, username=who, role=role, by=by)
 
 
