@@ -179,7 +179,8 @@ def test_a_user_regenerates_their_token_on_the_account_page_and_only_the_new_one
     page.click("button[data-action=regenerate-token]")
     message = page.locator(".messages li.warning")
     expect(message).to_contain_text("Your new API token")
-    assert questions and questions[-1].startswith("Make a new API token?")
+    assert questions
+    assert questions[-1].startswith("Make a new API token?")
     new = re.search(r"[0-9a-f]{40}", message.inner_text())
     assert new is not None
     shot(page, "account")
