@@ -185,3 +185,13 @@ def test_the_password_change_is_djangos_own(teammate: User, acme: Organization) 
     assert "Password changed" in shown(response)
     teammate.refresh_from_db()
     assert teammate.check_password("a-long-new-pass-9")
+
+
+def test_the_account_page_of_someone_in_no_org_and_of_a_super_admin(root: User, acme: Organization) -> None:
+    loner = User.objects.create_user(username="loner", password="pw-loner")
+    page = browser(loner).get("/account").content.decode()
+    assert "You belong to no organization yet" in page
+    assert 'href="/account"' in page  # the username in the header leads here
+    page = browser(root).get("/account").content.decode()
+    assert "you act as admin of every organization" in page
+    assert 'href="/orgs/acme/members"' in page  # the nav keeps the org's links
