@@ -1,7 +1,4 @@
-"""The pages (``gantry.web.pages``, ``gantry.web.accounts``, ``gantry.web.member_pages``).
-
-The site root leads to the user's queue.
-"""
+"""The pages (``gantry.web.pages``, ``gantry.web.accounts``); the site root leads to the user's queue."""
 
 from django.urls import path
 

@@ -146,8 +146,8 @@ def membership_invite(*, org: Organization, who: str, role: str, by: User) -> Me
     becomes a new user named by it (Django's username rule allows ``@ . + -
     _``), with that email, a member at once with a set-password link.
     """
-    who = who.strip() if isinstance(who, str) else who
-    if isinstance(who, str) and "@" in who:
+    who = who.strip()
+    if "@" in who:
         try:
             validate_email(who)
         except ValidationError:
