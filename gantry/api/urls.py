@@ -57,4 +57,5 @@ urlpatterns = [
     path("runs/<uuid:pk>", v.RunDetailView.as_view()),
     path("runs/<uuid:pk>/cancel", v.RunCancelView.as_view()),
     path("runs/<uuid:pk>/logs", lv.RunLogView.as_view()),
+    path("orgs/<slug:org>/members/<str:username>", v.MemberDetailView.as_view()),
 ]

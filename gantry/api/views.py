@@ -96,12 +96,13 @@ class MemberListView(UserView):
             201: s.MemberCreatedSerializer,
             202: OpenApiResponse(s.MemberInvitedSerializer, description="an existing user was invited"),
             200: OpenApiResponse(s.MemberSerializer, description="role of an existing member changed"),
-            **user_errors(400, 401, 403, 404),
+            **user_errors(400, 401, 403, 404, 409),
         },
         description="Add a user (created if new) with a role, or change a member's role (org admin). A user "
         "created by this call is a member at once; the answer carries their API token and a one-time link to set "
         "a password, shown once. Someone who already has an account is invited instead (202): they join once "
-        "they accept (POST /invitations/{id}/accept). Usernames follow Django's rule: letters, digits, @ . + - _.",
+        "they accept (POST /invitations/{id}/accept). Demoting the org's last admin is refused (409 last_admin). "
+        "Usernames follow Django's rule: letters, digits, @ . + - _.",
     )
     def post(self, request: Request, org: str) -> Response:
         organization = org_for(request, org, admin=True)
@@ -144,6 +145,22 @@ class MemberPasswordLinkView(UserView):
         link = services.password_link_reissue(org=organization, username=username, by=user_of(request))
         body = {"set_password_url": request.build_absolute_uri(link.path), "set_password_expires_at": link.expires_at}
         return Response(s.PasswordLinkSerializer(body).data)
+
+
+class MemberDetailView(UserView):
+    @extend_schema(
+        operation_id="orgs_members_remove",
+        request=None,
+        responses={204: None, **user_errors(401, 403, 404, 409)},
+        description="Remove a member from the org (org admin), with their pending invitation to it; for someone "
+        "only invited, this revokes the invitation. Any member may remove themselves (leave). Never the org's last "
+        "admin: 409 last_admin (make another member admin first). 403 for a member removing someone else, 404 "
+        "for a username that is neither a member nor invited.",
+    )
+    def delete(self, request: Request, org: str, username: str) -> Response:
+        organization = org_for(request, org)
+        services.membership_remove(org=organization, username=username, by=user_of(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class InvitationListView(UserView):

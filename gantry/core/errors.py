@@ -251,6 +251,13 @@ class AccountClaimed(Conflict):
     code = "account_claimed"
 
 
+class LastAdmin(Conflict):
+    """Removing or demoting an org's last admin (a membership with the admin role): the org would have nobody
+    to manage it."""
+
+    code = "last_admin"
+
+
 class RunnerBusy(Conflict):
     """Ready from a runner that has already accepted its run."""
 

@@ -34,7 +34,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from gantry.core import services, specs
-from gantry.core.errors import InvalidRequest
+from gantry.core.errors import GantryError, InvalidRequest
 from gantry.core.models import (
     Deployment,
     Membership,
@@ -177,18 +177,29 @@ class OrganizationAdmin(NoCreatedAtOnAdd, ScopedAdmin):
             return
         # commit=False still fills new/changed/deleted_objects for the admin's log.
         formset.save(commit=False)
-        for membership in formset.deleted_objects:
-            membership.delete()
+        by = acting_user(request)
+        # Grants first, removals after: promoting B and removing A in one save keeps the org an admin.
         for membership in [*formset.new_objects, *(m for m, _ in formset.changed_objects)]:
             # membership_set also makes a new org admin staff, so the grant works here; someone not yet
             # a member is invited (they join once they accept), never attached without consent.
-            result = services.membership_set(
-                org=form.instance, username=membership.user.username, role=membership.role, by=acting_user(request)
-            )
+            try:
+                result = services.membership_set(
+                    org=form.instance, username=membership.user.username, role=membership.role, by=by
+                )
+            except GantryError as exc:  # last_admin: the page says so, the rest of the form saves
+                self.message_user(request, exc.detail, messages.ERROR)
+                continue
             if result.invitation is not None:
                 self.message_user(
                     request, f"Invited {membership.user.username}: they join once they accept.", messages.INFO
                 )
+        for membership in formset.deleted_objects:
+            try:
+                # The service, not a bare delete: it holds the last-admin rule (and drops a pending invitation).
+                assert by is not None  # the admin is logged in
+                services.membership_remove(org=form.instance, username=membership.user.username, by=by)
+            except GantryError as exc:
+                self.message_user(request, exc.detail, messages.ERROR)
 
 
 # --------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import path
 
-from gantry.web import accounts, pages
+from gantry.web import accounts, member_pages, pages
 
 app_name = "web"
 
@@ -29,4 +29,10 @@ urlpatterns = [
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
     # Browsers ask for /favicon.ico whatever the page's <link rel=icon> says: send them to the SVG.
     path("favicon.ico", favicon, name="favicon"),
+    path("orgs/<slug:org>/members", member_pages.members_page, name="members"),
+    path("orgs/<slug:org>/members/invite", member_pages.member_invite, name="member_invite"),
+    path("orgs/<slug:org>/members/<str:username>/<str:action>", member_pages.member_action, name="member_action"),
+    path("account", member_pages.account_page, name="account"),
+    path("account/token", member_pages.account_token, name="account_token"),
+    path("account/password", member_pages.password_change, name="password_change"),
 ]

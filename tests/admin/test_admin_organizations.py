@@ -119,3 +119,37 @@ def test_it_offers_only_own_org_people_for_memberships(
     people = set(formset.empty_form.fields["user"].queryset)
     assert teammate in people
     assert outsider not in people
+
+
+def _membership_index(data: dict[str, object], user: User) -> int:
+    return next(i for i in range(int(str(data["memberships-TOTAL_FORMS"]))) if data[f"memberships-{i}-user"] == user.pk)
+
+
+def test_it_never_demotes_or_deletes_the_last_admin(
+    owner_admin: Client, owner: User, acme: Organization, teammate: User
+) -> None:
+    data = _edit(owner_admin, acme)
+    data[f"memberships-{_membership_index(data, owner)}-role"] = Role.MEMBER
+    r = owner_admin.post(url("organization", "change", acme.pk), data, follow=True)
+    assert r.status_code == 200
+    assert "last admin" in " ".join(str(m) for m in r.context["messages"])
+    assert Membership.objects.get(user=owner, organization=acme).role == Role.ADMIN
+
+    data = _edit(owner_admin, acme)
+    data[f"memberships-{_membership_index(data, owner)}-DELETE"] = "on"
+    r = owner_admin.post(url("organization", "change", acme.pk), data, follow=True)
+    assert "last admin" in " ".join(str(m) for m in r.context["messages"])
+    assert Membership.objects.filter(user=owner, organization=acme).exists()
+
+
+def test_it_promotes_one_admin_and_removes_the_other_in_one_save(
+    owner_admin: Client, owner: User, acme: Organization, teammate: User
+) -> None:
+    data = _edit(owner_admin, acme)
+    data[f"memberships-{_membership_index(data, teammate)}-role"] = Role.ADMIN
+    data[f"memberships-{_membership_index(data, owner)}-DELETE"] = "on"
+    r = owner_admin.post(url("organization", "change", acme.pk), data)
+    assert r.status_code == 302
+    assert dict(Membership.objects.filter(organization=acme).values_list("user__username", "role")) == {
+        "teammate": "admin"
+    }

@@ -31,8 +31,10 @@ from gantry.core.services.github import (
 )
 from gantry.core.services.members import (
     PasswordLink,
+    api_token_regenerate,
     invitation_accept,
     invitation_decline,
+    membership_remove,
     password_link_reissue,
     pending_invitations,
 )
@@ -67,6 +69,7 @@ from gantry.core.services.runs import (
 )
 from gantry.core.services.tenancy import (
     MemberChange,
+    membership_invite,
     membership_set,
     org_create,
     org_set_runs_per_hour_limit,
@@ -91,6 +94,7 @@ __all__ = [
     "PasswordLink",
     "Refused",
     "accept_plan",
+    "api_token_regenerate",
     "deployment_create",
     "deployment_retry",
     "deployment_skip",
@@ -104,6 +108,8 @@ __all__ = [
     "github_workflow_run_ended",
     "invitation_accept",
     "invitation_decline",
+    "membership_invite",
+    "membership_remove",
     "membership_set",
     "notify_claimable",
     "org_create",

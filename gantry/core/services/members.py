@@ -13,6 +13,17 @@
   administer: otherwise a link would let one org's admin take over a person
   who is also somewhere else. Re-issuing resets the unusable password, which
   changes the hash every earlier link was made from, so they stop working.
+- An org never loses its last admin: removing (or demoting) the one
+  membership with the admin role is refused with ``last_admin``, whoever asks
+  (another admin, the admin leaving, a super-admin). :func:`_keep_an_admin`
+  holds the rule for both; it locks the org's admin memberships, so two
+  admins removing each other at once cannot both succeed. A super-admin acts
+  as admin of every org but is not counted: an org needs an admin of its own.
+- Anyone may leave an org (remove their own membership), an admin included
+  while another admin remains; removing someone else is an org admin's.
+- A user's API token is a plain DRF token (``rest_framework.authtoken``,
+  ``Authorization: Token <key>``); :func:`api_token_regenerate` replaces it,
+  so the old key stops working at once.
 """
 
 from __future__ import annotations
@@ -28,8 +39,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
+from rest_framework.authtoken.models import Token
 
-from gantry.core.errors import AccountClaimed, Forbidden, NotFound
+from gantry.core.errors import AccountClaimed, Forbidden, LastAdmin, NotFound
 from gantry.core.models import Invitation, Membership, Organization, Role
 
 
@@ -86,10 +98,13 @@ def pending_invitations(user: User) -> list[Invitation]:
 
 def grant(*, org: Organization, user: User, role: str) -> tuple[Membership, bool]:
     """Make ``user`` a member with ``role`` (caller has the user's consent, or created the user)."""
-    membership, created = Membership.objects.get_or_create(user=user, organization=org, defaults={"role": role})
-    if not created and membership.role != role:
-        membership.role = role
-        membership.save(update_fields=["role"])
+    with transaction.atomic():
+        membership, created = Membership.objects.get_or_create(user=user, organization=org, defaults={"role": role})
+        if not created and membership.role != role:
+            if role != Role.ADMIN:
+                _keep_an_admin(org=org, membership=membership)
+            membership.role = role
+            membership.save(update_fields=["role"])
     if role == Role.ADMIN and not user.is_staff:
         # Org admins work in the Django admin too (scoped to their orgs).
         user.is_staff = True
@@ -114,3 +129,59 @@ def invitation_decline(*, invitation_id: int, user: User) -> None:
     deleted, _ = Invitation.objects.filter(id=invitation_id, user=user).delete()
     if not deleted:
         raise NotFound("no pending invitation of yours has that id")
+
+
+def _keep_an_admin(*, org: Organization, membership: Membership) -> None:
+    """Refuse (``last_admin``) to let ``membership`` stop being an admin when it is the org's only one.
+
+    The one place the rule lives: removal and demotion both call it, inside
+    their transaction, before they write. It locks every admin membership of
+    the org (in id order, so two callers never deadlock) until that
+    transaction ends: of two admins removing each other at once, the second
+    waits, then reads the admins as the first left them, and is refused.
+    """
+    admins = list(
+        Membership.objects.select_for_update()
+        .filter(organization=org, role=Role.ADMIN)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    if admins == [membership.id]:
+        raise LastAdmin(
+            f"{membership.user.get_username()} is the last admin of {org.slug}: make someone else admin first"
+        )
+
+
+def membership_remove(*, org: Organization, username: str, by: User) -> None:
+    """Take ``username`` out of ``org``: their membership and their pending invitation to it.
+
+    An org admin removes anyone (a pending invitation alone, too: that
+    revokes it); anyone else only themselves (leaving). Never the org's last
+    admin (``last_admin``).
+    """
+    with transaction.atomic():
+        membership = Membership.objects.filter(organization=org, user__username=username).select_related("user").first()
+        invitations = Invitation.objects.filter(organization=org, user__username=username)
+        leaving = membership is not None and membership.user_id == by.pk
+        if (
+            not leaving
+            and not by.is_superuser
+            and not Membership.objects.filter(organization=org, user=by, role=Role.ADMIN).exists()
+        ):
+            raise Forbidden("removing another member needs the org admin role")
+        if membership is None:
+            deleted, _ = invitations.delete()
+            if not deleted:
+                raise NotFound("no member of this organization has that username")
+            return
+        _keep_an_admin(org=org, membership=membership)
+        # Deleted by id: if another removal took the row meanwhile, this is a no-op, not an error.
+        Membership.objects.filter(id=membership.id).delete()
+        invitations.delete()
+
+
+def api_token_regenerate(*, user: User) -> str:
+    """Replace ``user``'s API token with a new one and answer its key (shown once): the old key stops working."""
+    with transaction.atomic():
+        Token.objects.filter(user=user).delete()
+        return str(Token.objects.create(user=user).key)

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import F, Model
 from rest_framework.authtoken.models import Token
@@ -90,7 +91,13 @@ class MemberChange:
 
 
 def membership_set(
-    *, org: Organization, username: str, role: str, by: User | None = None, invite_existing: bool = True
+    *,
+    org: Organization,
+    username: str,
+    role: str,
+    by: User | None = None,
+    invite_existing: bool = True,
+    email: str = "",
 ) -> MemberChange:
     """Add ``username`` to ``org`` with ``role``, or change a member's role.
 
@@ -98,7 +105,8 @@ def membership_set(
     link sets one) and a member at once. An existing user who is not a
     member is *invited* (members.py): nobody is attached to an org without
     their consent. ``invite_existing=False`` is for an operator's own command
-    (``demo_setup``), where the consent is the operator's.
+    (``demo_setup``), where the consent is the operator's. ``email`` is a new
+    user's email (before the link is made: Django's token hashes it).
     """
     if role not in Role.values:
         raise InvalidRequest(f"role must be one of: {', '.join(Role.values)}")
@@ -112,7 +120,8 @@ def membership_set(
     with transaction.atomic():
         user = User.objects.filter(username=username).first()
         if user is None:
-            user = User.objects.create_user(username=username)  # no password: unusable until the link sets one
+            # No password: unusable until the link sets one.
+            user = User.objects.create_user(username=username, email=email)
             membership, _ = members.grant(org=org, user=user, role=role)
             return MemberChange(
                 membership=membership,
@@ -127,6 +136,29 @@ def membership_set(
             )
         membership, created = members.grant(org=org, user=user, role=role)
     return MemberChange(membership=membership, invitation=None, created=created)
+
+
+def membership_invite(*, org: Organization, who: str, role: str, by: User) -> MemberChange:
+    """The members page's invite: ``who`` is a username or an email address.
+
+    An email of an existing account (``User.email``, any case) invites that
+    account, as ``membership_set`` does for a username. An email nobody has
+    becomes a new user named by it (Django's username rule allows ``@ . + -
+    _``), with that email, a member at once with a set-password link.
+    """
+    who = who.strip()
+    if "@" in who:
+        try:
+            validate_email(who)
+        except ValidationError:
+            raise InvalidRequest(f"{who!r} is not an email address", field="who") from None
+        known = list(User.objects.filter(email__iexact=who).values_list("username", flat=True)[:2])
+        if len(known) > 1:
+            raise InvalidRequest("more than one account has that email: invite by username", field="who")
+        if known:
+            return membership_set(org=org, username=known[0], role=role, by=by)
+        return membership_set(org=org, username=who, role=role, by=by, email=who)
+    return membership_set(org=org, username=who, role=role, by=by)
 
 
 def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple[RunnerGroup, str]:
