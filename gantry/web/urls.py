@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from gantry.web import accounts, pages
+from gantry.web import accounts, pages, stack_pages
 
 app_name = "web"
 
@@ -18,5 +18,11 @@ urlpatterns = [
     path("orgs/<slug:org>/runner-groups", pages.groups_page, name="groups"),
     path("runner-groups/<int:pk>/<str:action>", pages.group_action, name="group_action"),
     path("runs/<uuid:pk>", pages.run_page, name="run"),
+    # Before the generic run action route, which would take "run-again" as an action.
+    path("runs/<uuid:pk>/run-again", stack_pages.run_again, name="run_again"),
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
+    path("orgs/<slug:org>/stacks", stack_pages.stacks_page, name="stacks"),
+    path("stacks/<int:pk>", stack_pages.stack_page, name="stack"),
+    path("stacks/<int:pk>/deploy", stack_pages.deploy, name="stack_deploy"),
+    path("stacks/<int:pk>/archive", stack_pages.archive, name="stack_archive"),
 ]

@@ -1,4 +1,4 @@
-"""DELETE /api/v1/stacks/{id}: archiving a stack (issue 24, deliverable 6), its refusals, and its race with the claim."""
+"""DELETE /api/v1/stacks/{id}: archiving a stack (issue 24, deliverable 6), its refusals, its race with the claim."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_it_archives_a_stack_cancelling_its_waiting_runs_and_keeping_its_history
     assert owner_api.get("/api/v1/orgs/acme/stacks").json() == []
     assert queue_of(owner_api)["runs"] == []
     body = owner_api.get(f"/api/v1/stacks/{stack.id}").json()
-    assert body["archived_at"] is not None and body["name"] == "web"
+    assert body["archived_at"] is not None
+    assert body["name"] == "web"
     assert len(owner_api.get(f"/api/v1/stacks/{stack.id}/deployments").json()) == 2
     assert owner_api.get(f"/api/v1/runs/{pending.id}").json()["status"] == "cancelled"
 
@@ -103,7 +104,8 @@ def test_it_is_refused_while_a_run_is_claimed_or_executing(
     holder = deploy(stack)
     waiting = deploy(stack)
     claimed = poll(group)
-    assert claimed is not None and claimed["run_id"] == str(holder.id)
+    assert claimed is not None
+    assert claimed["run_id"] == str(holder.id)
     if started:
         start(claimed)
 
@@ -253,4 +255,5 @@ def test_archive_and_claim_at_once_end_in_one_consistent_state(round_: int, stac
         assert (outcome["archive"], status, archived_at) == ("busy", RunStatus.ASSIGNED, None)
     else:
         assert outcome["archive"] == "archived"
-        assert status == RunStatus.CANCELLED and archived_at is not None
+        assert status == RunStatus.CANCELLED
+        assert archived_at is not None
