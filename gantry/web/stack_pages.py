@@ -250,7 +250,9 @@ def archive(request: HttpRequest, pk: int) -> HttpResponse:
     except GantryError as exc:
         messages.error(request, exc.detail)
         return redirect("web:stack", pk=stack.id)
-    messages.success(request, f"Stack {stack.name} archived: its waiting runs were cancelled; its history stays here.")
+    messages.success(
+        request, f"Stack {stack.name} archived: its waiting runs were cancelled; its history stays on its page."
+    )
     return redirect("web:stacks", org=stack.organization.slug)
 
 
@@ -273,7 +275,8 @@ def run_again_state(run: Run, is_admin: bool) -> RunAgain:
         return RunAgain(False, "The stack is archived: it takes no new deployment.")
     if same_spec(run.deployment.spec, run.stack) or is_admin:
         return RunAgain(True, "")
-    return RunAgain(False, "The stack's spec has changed since this run: only an org admin may run this spec again.")
+    why = "The stack's spec has changed since this run" if run.stack.spec else "The stack has no default spec"
+    return RunAgain(False, f"{why}: only an org admin may run this spec again.")
 
 
 @login_required
