@@ -241,7 +241,17 @@ class StackSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Stack
-        fields = ["id", "organization_id", "name", "labels", "runner_selector", "spec", "secret_names", "created_at"]
+        fields = [
+            "id",
+            "organization_id",
+            "name",
+            "labels",
+            "runner_selector",
+            "spec",
+            "secret_names",
+            "created_at",
+            "archived_at",
+        ]
         read_only_fields = fields
 
     def get_secret_names(self, stack: Stack) -> list[str]:

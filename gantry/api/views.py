@@ -284,7 +284,8 @@ class StackListView(UserView):
     )
     def get(self, request: Request, org: str) -> Response:
         organization = org_for(request, org)
-        return Response(s.StackSerializer(organization.stacks.all(), many=True).data)
+        # Archived stacks leave the list; GET /stacks/{id} still answers them.
+        return Response(s.StackSerializer(organization.stacks.filter(archived_at__isnull=True), many=True).data)
 
     @extend_schema(
         operation_id="stacks_create",
@@ -312,12 +313,27 @@ class StackDetailView(UserView):
         operation_id="stacks_update",
         request=s.StackUpdateSerializer,
         responses={200: s.StackSerializer, **user_errors(400, 401, 403, 404, 409)},
-        description="Change a stack (org admin). Runs already created keep the selector they were created with.",
+        description="Change a stack (org admin). Runs already created keep the selector they were created with. "
+        "409 stack_archived for an archived stack.",
     )
     def patch(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk, admin=True)
         data = validated(s.StackUpdateSerializer, request, partial=True)
         return Response(s.StackSerializer(services.stack_update(stack=stack, **data)).data)
+
+    @extend_schema(
+        operation_id="stacks_archive",
+        request=None,
+        responses={204: None, **user_errors(401, 403, 404, 409)},
+        description="Archive the stack (org admin): its waiting (queued, pending) runs are cancelled, it leaves the "
+        "stacks list and the queue, and deploying it answers 409 stack_archived. Its deployments and finished runs "
+        "stay readable, and this route still answers it, with archived_at. 409 stack_busy while a run of it is "
+        "claimed or executing (assigned, running, stopping). Archiving an archived stack changes nothing (204).",
+    )
+    def delete(self, request: Request, pk: int) -> Response:
+        stack = _stack(request, pk, admin=True)
+        services.stack_archive(stack_id=stack.id, by=user_of(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class DeploymentListView(UserView):
@@ -333,9 +349,10 @@ class DeploymentListView(UserView):
     @extend_schema(
         operation_id="deployments_create",
         request=s.DeploymentCreateSerializer,
-        responses={201: s.DeploymentSerializer, **user_errors(400, 401, 403, 404)},
+        responses={201: s.DeploymentSerializer, **user_errors(400, 401, 403, 404, 409)},
         description="Queue a deployment (org member). Its run is pending when the stack's lane is free, else queued. "
-        "A `spec` of its own (overriding the stack's) needs the org admin role: 403 `spec_override_forbidden`.",
+        "A `spec` of its own (overriding the stack's) needs the org admin role: 403 `spec_override_forbidden`. "
+        "409 `stack_archived` for an archived stack.",
     )
     def post(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk)

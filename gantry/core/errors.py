@@ -258,6 +258,19 @@ class LastAdmin(Conflict):
     code = "last_admin"
 
 
+class StackBusy(Conflict):
+    """Archive of a stack that holds a claimed or executing run (assigned, running, stopping): cancel it or let it
+    finish first."""
+
+    code = "stack_busy"
+
+
+class StackArchived(Conflict):
+    """A deployment, retry or change of an archived stack: it takes no new work (its history stays readable)."""
+
+    code = "stack_archived"
+
+
 class RunnerBusy(Conflict):
     """Ready from a runner that has already accepted its run."""
 

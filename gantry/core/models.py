@@ -276,11 +276,19 @@ class Stack(models.Model):
     spec = models.JSONField(null=True, blank=True)
     secrets = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # Set once by services.stack_archive: the stack leaves lists and takes no
+    # deployment; its history stays readable. Never cleared (no unarchive).
+    archived_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "stack"
         ordering = ["organization_id", "name"]
-        constraints = [models.UniqueConstraint(F("organization"), Lower("name"), name="stack_org_name_ci_uniq")]
+        # Among live stacks only: an archived stack's name may be taken again.
+        constraints = [
+            models.UniqueConstraint(
+                F("organization"), Lower("name"), condition=Q(archived_at__isnull=True), name="stack_org_name_ci_uniq"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -407,7 +407,7 @@ class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     form = StackForm
     fields = ["organization", *STACK_FIELDS, "secret_names", "secrets_update", "created_at"]
     # No secrets here: list views show names only (see secret_names).
-    list_display = ["name", "organization", "selector", "secret_names", "created_at"]
+    list_display = ["name", "organization", "selector", "secret_names", "created_at", "archived_at"]
     list_filter = [("organization", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["organization"]
     search_fields = ["name", "organization__slug"]
@@ -416,6 +416,12 @@ class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [*self.readonly_fields, "organization"] if obj is not None else list(self.readonly_fields)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # An archived stack takes no change (services.stack_update refuses it): shown read-only.
+        if obj is not None and obj.archived_at is not None:
+            return False
+        return super().has_change_permission(request, obj)
 
     @admin.display(description="runner selector")
     def selector(self, stack: Stack) -> str:

@@ -4,7 +4,7 @@ from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import path
 
-from gantry.web import accounts, member_pages, pages
+from gantry.web import accounts, member_pages, pages, stack_pages
 
 app_name = "web"
 
@@ -26,6 +26,8 @@ urlpatterns = [
     path("orgs/<slug:org>/runner-groups", pages.groups_page, name="groups"),
     path("runner-groups/<int:pk>/<str:action>", pages.group_action, name="group_action"),
     path("runs/<uuid:pk>", pages.run_page, name="run"),
+    # Before the generic run action route, which would take "run-again" as an action.
+    path("runs/<uuid:pk>/run-again", stack_pages.run_again, name="run_again"),
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
     # Browsers ask for /favicon.ico whatever the page's <link rel=icon> says: send them to the SVG.
     path("favicon.ico", favicon, name="favicon"),
@@ -35,4 +37,8 @@ urlpatterns = [
     path("account", member_pages.account_page, name="account"),
     path("account/token", member_pages.account_token, name="account_token"),
     path("account/password", member_pages.password_change, name="password_change"),
+    path("orgs/<slug:org>/stacks", stack_pages.stacks_page, name="stacks"),
+    path("stacks/<int:pk>", stack_pages.stack_page, name="stack"),
+    path("stacks/<int:pk>/deploy", stack_pages.deploy, name="stack_deploy"),
+    path("stacks/<int:pk>/archive", stack_pages.archive, name="stack_archive"),
 ]

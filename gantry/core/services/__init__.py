@@ -6,7 +6,7 @@ services``); the functions live in one module per concern:
 
 - ``transitions`` — the guarded UPDATE every transition is made of, events, lanes
 - ``runs`` — a run's edges: assign, lease reset, accept, cancel, finish, fail, time out
-- ``deployments`` — queue, skip, retry
+- ``deployments`` — queue, skip, retry; archive a stack
 - ``runners`` — ready, the heartbeat, deregister, dispatch-failed, lost, force-delete
 - ``tenancy`` — organizations, memberships, runner groups, stacks
 - ``members`` — invitations an existing user accepts, set-password links
@@ -21,7 +21,13 @@ runner's hot edges are also plans (``accept_plan``, ``finish_plan``,
 on the event loop; the service of the same edge drives the same plan.
 """
 
-from gantry.core.services.deployments import RETRYABLE, deployment_create, deployment_retry, deployment_skip
+from gantry.core.services.deployments import (
+    RETRYABLE,
+    deployment_create,
+    deployment_retry,
+    deployment_skip,
+    stack_archive,
+)
 from gantry.core.services.github import (
     EndedRun,
     github_runner_dispatched,
@@ -138,6 +144,7 @@ __all__ = [
     "runner_ready",
     "runner_status",
     "selector_id_for",
+    "stack_archive",
     "stack_create",
     "stack_set_secrets",
     "stack_update",

@@ -1,4 +1,4 @@
-"""Deployments: queue one (its run takes the stack's lane or queues behind it), skip it, retry it."""
+"""Deployments: queue one (its run takes the stack's lane or queues behind it), skip it, retry it; archive a stack."""
 
 from __future__ import annotations
 
@@ -9,15 +9,26 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from gantry.core import specs
-from gantry.core.errors import InvalidRequest, InvalidTransition, NotFound, NotRetryable, NotSkippable
+from gantry.core.errors import (
+    InvalidRequest,
+    InvalidTransition,
+    NotFound,
+    NotRetryable,
+    NotSkippable,
+    StackArchived,
+    StackBusy,
+)
 from gantry.core.models import (
     NEVER_STARTED,
+    RUNNER_BOUND,
+    TERMINAL,
     Deployment,
     Run,
     RunStatus,
     Stack,
 )
-from gantry.core.services.transitions import detail_json, lock_stack, move, resolve_now, run_create_on_lane
+from gantry.core.services.runs import run_request_cancellation
+from gantry.core.services.transitions import detail_json, move, resolve_now, run_create_on_lane
 from gantry.sql import runs as sql
 
 
@@ -36,13 +47,28 @@ def deployment_create(
         spec = stack.spec
     clean = specs.validate_spec(spec)
     with transaction.atomic():
-        lock_stack(stack.id)
+        lock_live_stack(stack.id)
         deployment = Deployment.objects.create(
             stack=stack, spec=clean, created_by=created_by, created_at=now, updated_at=now
         )
         run_create_on_lane(deployment=deployment, stack=stack, attempt=1, now=now)
     deployment.refresh_from_db()
     return deployment
+
+
+def lock_live_stack(stack_id: int) -> None:
+    """Lock the stack's lane (as ``transitions.lock_stack``) and answer its ``archived_at``.
+
+    Every path that puts a run on a lane (deploy, retry) comes through here and
+    is refused for an archived stack. ``stack_archive`` takes the same lock
+    first, so a deployment either commits before the archive (which then
+    cancels its run) or waits for it and is refused.
+    """
+    rows = list(Stack.objects.select_for_update(no_key=True).filter(id=stack_id).values_list("archived_at", flat=True))
+    if not rows:
+        raise NotFound("stack not found")
+    if rows[0] is not None:
+        raise StackArchived("the stack is archived: it takes no new deployment", archived_at=rows[0].isoformat())
 
 
 def newest_run(deployment_id: int) -> Run:
@@ -78,7 +104,7 @@ def deployment_retry(*, deployment_id: int, by: User | None = None, now: datetim
     if deployment is None:
         raise NotFound("deployment not found")
     with transaction.atomic():
-        lock_stack(deployment.stack_id)
+        lock_live_stack(deployment.stack_id)
         # Read under the stack lock: two retries of one deployment serialise here.
         run = newest_run(deployment_id)
         if run.status not in RETRYABLE:
@@ -94,3 +120,47 @@ def deployment_retry(*, deployment_id: int, by: User | None = None, now: datetim
         )
     deployment.refresh_from_db()
     return deployment
+
+
+def stack_archive(*, stack_id: int, by: User | None = None, now: datetime | None = None) -> Stack:
+    """Archive a stack: its waiting runs are cancelled, it leaves the lists and takes no deployment.
+
+    Refused (StackBusy) while one of its runs is claimed or executing: that run
+    is cancelled or finishes first. Its history (deployments, finished runs)
+    stays readable. Archiving an archived stack changes nothing.
+
+    Race-safe against the poll's claim: the stack's unfinished runs are locked
+    ``FOR UPDATE`` before they are judged. A claim that locked one first (its
+    ``FOR UPDATE SKIP LOCKED``) has committed by the time our lock returns, and
+    the run reads as assigned: busy, and the whole archive rolls back. A claim
+    that comes after skips the rows we hold, and finds them cancelled once we
+    commit. Deploy and retry take the stack's lock, which is held here from the
+    start, and then see ``archived_at``.
+    """
+    now = resolve_now(now)
+    with transaction.atomic():
+        try:
+            lock_live_stack(stack_id)
+        except StackArchived:
+            return Stack.objects.get(id=stack_id)
+        unfinished = list(
+            Run.objects.select_for_update()
+            .filter(stack_id=stack_id)
+            .exclude(status__in=sorted(TERMINAL))
+            .order_by("created_at", "id")
+            .values_list("id", "status")
+        )
+        busy = [(run_id, status) for run_id, status in unfinished if status in RUNNER_BOUND]
+        if busy:
+            run_id, status = busy[0]
+            raise StackBusy(
+                f"run {run_id} of this stack is {status}: cancel it or let it finish, then archive",
+                run_id=str(run_id),
+                status=status,
+            )
+        # Queued runs first: cancelling the lane holder (pending) first would promote
+        # the next queued run, a "promoted" event in its history for a run never to start.
+        for run_id, _status in sorted(unfinished, key=lambda r: r[1] != RunStatus.QUEUED):
+            run_request_cancellation(run_id=run_id, by=by, now=now)
+        Stack.objects.filter(id=stack_id, archived_at__isnull=True).update(archived_at=now)
+    return Stack.objects.get(id=stack_id)

@@ -14,7 +14,7 @@ from rest_framework.authtoken.models import Token
 
 from gantry.core import secrets as stack_secrets
 from gantry.core import specs, tokens
-from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken
+from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken, StackArchived
 from gantry.core.models import (
     GroupKind,
     Invitation,
@@ -216,7 +216,8 @@ def runner_group_set_drained(*, group: RunnerGroup, drained: bool) -> RunnerGrou
 
 
 def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any = None, secrets: Any = None) -> Stack:
-    if Stack.objects.filter(organization=org, name__iexact=name).exists():
+    # Archived stacks keep their names but no longer hold them (the partial unique index).
+    if Stack.objects.filter(organization=org, name__iexact=name, archived_at__isnull=True).exists():
         raise NameTaken(f"a stack named {name!r} exists in this organization (names ignore case)")
     return _create_named(
         Stack,
@@ -230,7 +231,9 @@ def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any 
 
 
 def stack_update(*, stack: Stack, **fields: Any) -> Stack:
-    """Change a stack. Existing runs keep the selector they were created with."""
+    """Change a stack. Existing runs keep the selector they were created with. An archived stack is not changed."""
+    if stack.archived_at is not None:
+        raise StackArchived("the stack is archived: it cannot be changed", archived_at=stack.archived_at.isoformat())
     if "labels" in fields:
         fields["labels"] = specs.validate_stack_labels(fields["labels"])
     if "spec" in fields:
@@ -239,7 +242,9 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
         fields["secrets"] = stack_secrets.seal(specs.validate_secrets(fields["secrets"]))
     if (
         "name" in fields
-        and Stack.objects.filter(organization_id=stack.organization_id, name__iexact=fields["name"])
+        and Stack.objects.filter(
+            organization_id=stack.organization_id, name__iexact=fields["name"], archived_at__isnull=True
+        )
         .exclude(id=stack.id)
         .exists()
     ):
