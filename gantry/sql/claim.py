@@ -177,6 +177,20 @@ FROM moved JOIN organization o ON o.id = %(org)s::bigint
 """,
 )
 
+# A throttled claim's aftermath (gantry.dispatch.claim._stamp_throttled), one
+# statement: the org's deferral stamp (guarded on the rate the claim read) and
+# the group's contact stamp, which the claim's rollback undid (guarded on
+# %(since)s, so a throttled org's polls write the group row once every few
+# seconds, not once per poll).
+STAMP_THROTTLED = """
+WITH contact AS (
+    UPDATE runner_group SET last_polled_at = %(now)s
+    WHERE id = %(grp)s AND (last_polled_at IS NULL OR last_polled_at < %(since)s)
+)
+UPDATE organization SET dispatch_throttled_until = %(until)s
+WHERE id = %(org)s AND runs_per_hour_limit = %(rate)s
+"""
+
 # The channel parked long polls and the backend dispatcher LISTEN on. Triggers
 # on run and runner (migration 0004) notify it when a run becomes claimable.
 NOTIFY_CHANNEL = "gantry_claimable"
