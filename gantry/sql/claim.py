@@ -62,8 +62,9 @@ def claimable(run: str) -> str:
 
 
 def has_room(group: str) -> str:
-    """SQL: the group (alias ``group``) may take a run: not drained, a slot free (``runner_count``, decision 2)."""
-    return f"NOT {group}.drained AND {group}.runner_count < {group}.max_concurrent_runs"
+    """SQL: the group (alias ``group``) may take a run: not drained nor archived, a slot free (``runner_count``,
+    decision 2)."""
+    return f"NOT {group}.drained AND {group}.archived_at IS NULL AND {group}.runner_count < {group}.max_concurrent_runs"
 
 
 def serves(selector: str, *, labels: str, group_id: str, default_group: str) -> str:
@@ -95,7 +96,7 @@ CLAIM = named(
 WITH grp AS (
     -- Locks the group row; a poll that waited for another poll of this group
     -- reads the row version that poll wrote, its stub counted.
-    SELECT id, labels, runner_count, max_concurrent_runs, drained, token_version, organization_id, kind
+    SELECT id, labels, runner_count, max_concurrent_runs, drained, archived_at, token_version, organization_id, kind
     FROM runner_group
     WHERE id = %(grp)s::bigint
     FOR NO KEY UPDATE
