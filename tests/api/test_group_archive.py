@@ -82,7 +82,8 @@ class TestArchive:
         group, token = services.runner_group_create(org=acme, name="linux", labels={"os": "linux"})
         run = deploy(make_stack(acme, "app", {"os": "linux"}))
         won = claim(group=group)
-        assert won is not None and won.run_id == run.id
+        assert won is not None
+        assert won.run_id == run.id
 
         answer = owner_api.delete(f"/api/v1/runner-groups/{group.id}")
 

@@ -45,7 +45,8 @@ def test_it_stamps_a_poll_that_the_rate_zero_throttle_answers(acme: Organization
 
     assert response.status_code == 204
     stamp = _last_polled(group)
-    assert stamp is not None and stamp >= before  # a live coordinator, not "silent for 74 s"
+    assert stamp is not None
+    assert stamp >= before
 
 
 def test_it_stamps_a_poll_refused_because_the_budget_is_spent(acme: Organization) -> None:
@@ -60,7 +61,8 @@ def test_it_stamps_a_poll_refused_because_the_budget_is_spent(acme: Organization
     assert group_api(group).get(POLL).status_code == 204
 
     stamp = _last_polled(group)
-    assert stamp is not None and stamp >= before
+    assert stamp is not None
+    assert stamp >= before
 
 
 def test_it_writes_the_group_at_most_every_few_seconds_while_throttled(acme: Organization) -> None:

@@ -17,11 +17,11 @@ from gantry.core import secrets as stack_secrets
 from gantry.core import specs, tokens
 from gantry.core.errors import GroupBusy, InvalidRequest, NameTaken, NotFound, SlugTaken
 from gantry.core.models import (
+    RUNNER_BOUND,
     GroupKind,
     Invitation,
     Membership,
     Organization,
-    RUNNER_BOUND,
     Role,
     Run,
     Runner,
