@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from gantry.web import accounts, pages
+from gantry.web import accounts, group_pages, pages
 
 app_name = "web"
 
@@ -19,4 +19,11 @@ urlpatterns = [
     path("runner-groups/<int:pk>/<str:action>", pages.group_action, name="group_action"),
     path("runs/<uuid:pk>", pages.run_page, name="run"),
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
+    path("runner-groups/<int:pk>", group_pages.group_page, name="group"),
+    path("orgs/<slug:org>/runner-groups/new", group_pages.group_create, name="group_create"),
+    path(
+        "runner-groups/<int:pk>/runners/<uuid:runner_id>/force-delete",
+        group_pages.runner_force_delete,
+        name="group_runner_force_delete",
+    ),
 ]

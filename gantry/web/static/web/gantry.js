@@ -54,6 +54,13 @@
     if (pick) pick.addEventListener("change", function () { window.location = pick.value; });
   });
 
+  // <button data-confirm="question">: ask before the button's form is sent (delegated: live parts are re-rendered).
+  function confirmButtons(ev) {
+    var button = ev.target.closest && ev.target.closest("button[data-confirm]");
+    if (button && !window.confirm(button.getAttribute("data-confirm"))) ev.preventDefault();
+  }
+  document.addEventListener("click", confirmButtons);
+
   // Forms that ask first (rotate a token). Delegated: live parts are re-rendered.
   document.addEventListener("submit", function (ev) {
     var msg = ev.target.getAttribute && ev.target.getAttribute("data-confirm");
