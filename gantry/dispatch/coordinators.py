@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 
@@ -186,14 +187,15 @@ def _warn(group_id: int, exc: BaseException) -> None:
         )
 
 
-def _parse(raw: dict[bytes, bytes]) -> list[Coordinator]:
-    """The hash's coordinators, most recent poll first; unreadable entries are skipped."""
+def _parse(raw: Any) -> list[Coordinator]:
+    """The hash's coordinators (HGETALL's answer), most recent poll first; unreadable entries are skipped."""
     out = []
-    for field, value in raw.items():
+    for field, value in dict(raw).items():
         try:
             data = json.loads(value)
             seen = datetime.fromtimestamp(float(data["seen"]), tz=UTC)
-            out.append(Coordinator(id=field.decode(), host=str(data.get("host", "")),
+            name = field.decode() if isinstance(field, bytes) else str(field)
+            out.append(Coordinator(id=name, host=str(data.get("host", "")),
                                    version=str(data.get("version", "")), last_poll=seen))  # fmt: skip
         except (ValueError, TypeError, KeyError, OverflowError, UnicodeDecodeError):
             continue

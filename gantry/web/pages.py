@@ -249,7 +249,8 @@ def groups_context(request: HttpRequest, org: Organization, role: str) -> dict[s
             online = silent <= stale
             poll = "coordinator online" if online else f"silent for {ago(silent)}"
         polled = group_pages.coordinator_rows(None if found is None else found.get(g.id), now=now, stale=stale)
-        rows.append({"group": g, "poll": poll, "online": online, "coordinators": group_pages.coordinator_summary(polled)})
+        summary = group_pages.coordinator_summary(polled)
+        rows.append({"group": g, "poll": poll, "online": online, "coordinators": summary})
     return {
         **_nav(request, org, role, "groups"),
         "groups": rows,

@@ -216,9 +216,8 @@ def test_stop_cuts_off_a_parked_long_poll(site: Site) -> None:
 
 
 def test_its_polls_name_it_and_the_server_records_who_polls(site: Site) -> None:
-    from gantry.dispatch import coordinators
-
     from gantry import redis as gantry_redis
+    from gantry.dispatch import coordinators
 
     coordinators.forget_writes()
     gantry_redis.client().delete(coordinators.key_for(site.group.id))  # group ids repeat from test to test
