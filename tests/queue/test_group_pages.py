@@ -201,3 +201,20 @@ def test_the_groups_list_links_each_group_and_counts_slots_and_coordinators(
     assert "0 / 3" in html
     assert "1 online" in html
     assert "1 silent" in html
+
+
+def test_a_poll_without_identity_is_mentioned_as_an_unidentified_coordinator(
+    acme: Organization, teammate: User, linux: RunnerGroup
+) -> None:
+    from rest_framework.test import APIClient
+
+    from gantry.core import tokens
+
+    old = APIClient()  # an older coordinator: no identity headers
+    old.credentials(HTTP_AUTHORIZATION="Bearer " + tokens.mint_group_token(group_id=linux.id, token_version=1))
+    assert old.get("/api/v1/runner-groups/poll").status_code == 204
+
+    html = _as(teammate).get(f"/runner-groups/{linux.id}").content.decode()
+
+    assert "data-unidentified" in html
+    assert "does not name itself" in html
