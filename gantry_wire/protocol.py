@@ -35,3 +35,14 @@ RUNNER_INHERITED_ENV = (*STEP_INHERITED_ENV, "VIRTUAL_ENV", "GANTRY_LOG_LEVEL", 
 # Most workers one reconcile report may carry (the server's RECONCILE_MAX_WORKERS):
 # a coordinator with more sends several reports.
 RECONCILE_MAX_WORKERS = 1000
+
+# The version of this repository's programs (pyproject.toml's; tests/runners/test_protocol.py keeps them equal):
+# the coordinator sends it on its polls.
+VERSION = "0.1.0"
+
+# A coordinator names itself on every poll (docs/protocol.md, "Coordinator identity"); all three are
+# optional, so an older coordinator still polls. Each value is visible ASCII (no spaces), at most so long.
+COORDINATOR_ID_HEADER = "X-Gantry-Coordinator-Id"  # one per coordinator process (a uuid4 at start)
+COORDINATOR_HOST_HEADER = "X-Gantry-Coordinator-Host"  # its host name
+COORDINATOR_VERSION_HEADER = "X-Gantry-Coordinator-Version"  # VERSION
+COORDINATOR_HEADER_MAX = {COORDINATOR_ID_HEADER: 64, COORDINATOR_HOST_HEADER: 255, COORDINATOR_VERSION_HEADER: 64}

@@ -224,6 +224,8 @@ class GantryClient:
         self._aborted = False
         # Unix time of the last answer below 400 (the coordinator's /healthz and metrics read it).
         self.last_success: float | None = None
+        # Sent with every poll: the coordinator's identity headers (docs/protocol.md, "Coordinator identity").
+        self.poll_headers: dict[str, str] = {}
 
     @property
     def token_subject(self) -> str:
@@ -359,6 +361,7 @@ class GantryClient:
             "GET",
             "/api/v1/runner-groups/poll",
             query={"wait": f"{wait:g}"},
+            headers=self.poll_headers,
             retry=NO_RETRY,
             timeout=wait + self.timeout,
             abortable=True,

@@ -47,10 +47,12 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +61,13 @@ from types import FrameType
 import launchers
 from gantry_wire import logsetup
 from gantry_wire.logsetup import event
+from gantry_wire.protocol import (
+    COORDINATOR_HEADER_MAX,
+    COORDINATOR_HOST_HEADER,
+    COORDINATOR_ID_HEADER,
+    COORDINATOR_VERSION_HEADER,
+    VERSION,
+)
 from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
 from runners.cli import OneLineParser, check_range, env_number
 from runners.client import (
@@ -110,6 +119,19 @@ class Settings:
         return RetryPolicy(attempts=self.launch_attempts, base=self.launch_retry_delay, cap=self.backoff_cap, floor=0.5)
 
 
+def identity_headers(instance_id: str, host: str | None = None) -> dict[str, str]:
+    """The poll's identity headers: this process's id, its host name and version (docs/protocol.md).
+
+    The host name is cut to what the server accepts (visible ASCII, no spaces,
+    at most COORDINATOR_HEADER_MAX), so an odd host name never costs the poll a 400.
+    """
+    name = "".join(c for c in (socket.gethostname() if host is None else host) if "!" <= c <= "~")
+    headers = {COORDINATOR_ID_HEADER: instance_id, COORDINATOR_VERSION_HEADER: VERSION}
+    if name:
+        headers[COORDINATOR_HOST_HEADER] = name[: COORDINATOR_HEADER_MAX[COORDINATOR_HOST_HEADER]]
+    return headers
+
+
 class Coordinator:
     def __init__(
         self,
@@ -126,6 +148,9 @@ class Coordinator:
         # The group this coordinator serves: its launcher labels workers with it and discovers only those.
         self.group_id = client.token_subject
         launcher.group_id = self.group_id
+        # Who polls, as the group's page shows it: one id per coordinator process.
+        self.instance_id = uuid.uuid4().hex
+        client.poll_headers = identity_headers(self.instance_id)
         self.stop_event = threading.Event()
         self._poll_backoff = Backoff(self.settings.backoff())
         self._launch_backoff = Backoff(self.settings.backoff())

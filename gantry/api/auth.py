@@ -141,6 +141,9 @@ def group_of_row(claims: tokens.Claims, row: Sequence[Any] | None) -> RunnerGrou
     if row is None or claims.raw.get("ver") != row[_GROUP_VERSION]:
         raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
     group = instance(RunnerGroup, row)
+    if group.archived_at is not None:
+        # Its version was bumped by the archive too; this says so whatever the token claims.
+        raise exceptions.AuthenticationFailed("runner group token is revoked or its group is gone")
     if "org" in claims.raw and claims.raw["org"] != group.organization_id:
         raise exceptions.AuthenticationFailed("runner group token names another organization")
     # As select_related("organization") did: the org is cached on the

@@ -26,13 +26,19 @@ from gantry.core import services
 from gantry.core.errors import BackendDispatchedGroup, InvalidRequest, NotFound
 from gantry.core.models import GroupKind, RunStatus
 from gantry.dispatch import claim as dispatch
-from gantry.dispatch import oidc
+from gantry.dispatch import coordinators, oidc
 from gantry.dispatch.longpoll import wait_for_claim
 from gantry.logs import live as live_logs
 from gantry.logs.limits import MAX_CHUNKS
 from gantry.reapers import reconcile
 from gantry.server import asyncpoll
-from gantry_wire.protocol import RECONCILE_MAX_WORKERS
+from gantry_wire.protocol import (
+    COORDINATOR_HEADER_MAX,
+    COORDINATOR_HOST_HEADER,
+    COORDINATOR_ID_HEADER,
+    COORDINATOR_VERSION_HEADER,
+    RECONCILE_MAX_WORKERS,
+)
 
 # A reconcile report's bounds: workers per call, and an exited worker's last lines.
 RECONCILE_MAX_LINES = 50
@@ -99,7 +105,23 @@ class PollView(APIView):
                 "wait",
                 int,
                 description="Seconds (0-30) to hold the request until work arrives (long poll). Default 0.",
-            )
+            ),
+            *(
+                OpenApiParameter(
+                    header,
+                    str,
+                    location=OpenApiParameter.HEADER,
+                    required=False,
+                    description=f"{what} (optional; 1-{COORDINATOR_HEADER_MAX[header]} visible ASCII characters, "
+                    "no spaces). Shown on the group's page with the time of its last poll; a malformed value is "
+                    "a 400 `invalid_request`.",
+                )
+                for header, what in (
+                    (COORDINATOR_ID_HEADER, "The coordinator's instance id, one per process (a uuid4 at start)"),
+                    (COORDINATOR_HOST_HEADER, "The coordinator's host name"),
+                    (COORDINATOR_VERSION_HEADER, "The coordinator's version"),
+                )
+            ),
         ],
         responses={
             200: ClaimSerializer,
@@ -117,6 +139,8 @@ class PollView(APIView):
             # a coordinator polling it would go around both.
             raise BackendDispatchedGroup("a github_actions group is served by Gantry's backend dispatcher, not polled")
         wait = poll_wait(request.query_params.get("wait", "0"))
+        # Which coordinator polls (optional headers; a malformed one is a 400 before anything is written).
+        coordinators.record(group_id=group.id, who=coordinators.identity_of_meta(request.META))
         try:
             deferred = asyncpoll.deferred_of(request.META)
             if deferred is not None:

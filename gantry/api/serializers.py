@@ -121,6 +121,7 @@ class RunnerGroupSerializer(serializers.ModelSerializer):
             "github_workflow",
             "github_ref",
             "created_at",
+            "archived_at",
         ]
         read_only_fields = fields
 

@@ -207,7 +207,8 @@ class RunnerGroupListView(UserView):
     )
     def get(self, request: Request, org: str) -> Response:
         organization = org_for(request, org)
-        return Response(s.RunnerGroupSerializer(organization.runner_groups.all(), many=True).data)
+        groups = organization.runner_groups.filter(archived_at__isnull=True)
+        return Response(s.RunnerGroupSerializer(groups, many=True).data)
 
     @extend_schema(
         operation_id="runner_groups_create",
@@ -222,8 +223,10 @@ class RunnerGroupListView(UserView):
         return Response({**s.RunnerGroupSerializer(group).data, "token": token}, status=status.HTTP_201_CREATED)
 
 
-def _group(request: Request, pk: int, *, admin: bool = False) -> RunnerGroup:
-    return scoped(request, RunnerGroup.objects.all(), pk, org_path="organization", admin=admin)
+def _group(request: Request, pk: int, *, admin: bool = False, archived: bool = False) -> RunnerGroup:
+    """The group ``pk`` in the caller's org; an archived one only for reading (``archived``), else 404."""
+    groups = RunnerGroup.objects.all() if archived else RunnerGroup.objects.filter(archived_at__isnull=True)
+    return scoped(request, groups, pk, org_path="organization", admin=admin)
 
 
 class RunnerGroupDetailView(UserView):
@@ -231,7 +234,8 @@ class RunnerGroupDetailView(UserView):
         operation_id="runner_groups_read", responses={200: s.RunnerGroupSerializer, **user_errors(401, 403, 404)}
     )
     def get(self, request: Request, pk: int) -> Response:
-        return Response(s.RunnerGroupSerializer(_group(request, pk)).data)
+        # An archived group stays readable here (its archived_at set): its runs' history names it.
+        return Response(s.RunnerGroupSerializer(_group(request, pk, archived=True)).data)
 
     @extend_schema(
         operation_id="runner_groups_update",
@@ -242,6 +246,19 @@ class RunnerGroupDetailView(UserView):
         group = _group(request, pk, admin=True)
         data = validated(s.RunnerGroupUpdateSerializer, request, partial=True)
         return Response(s.RunnerGroupSerializer(services.runner_group_update(group=group, **data)).data)
+
+    @extend_schema(
+        operation_id="runner_groups_archive",
+        request=None,
+        responses={204: None, **user_errors(401, 403, 404, 409)},
+        description="Archive the group (org admin): every token of it is refused (401) at once, it leaves the "
+        "groups list, the queue and the claim, and its idle runners go; its runs stay readable, and GET on it "
+        "still answers (archived_at set). Refused with 409 `group_busy` while one of its runners holds a run "
+        "(assigned or executing). An archived group is 404 to every other call.",
+    )
+    def delete(self, request: Request, pk: int) -> Response:
+        services.runner_group_archive(group=_group(request, pk, admin=True))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class RunnerGroupRotateTokenView(UserView):

@@ -289,6 +289,12 @@ class RunnerNotOffline(Conflict):
     code = "runner_not_offline"
 
 
+class GroupBusy(Conflict):
+    """Archiving a runner group while one of its runners holds a run (assigned or executing)."""
+
+    code = "group_busy"
+
+
 class ChunkExists(Conflict):
     """A sealed log chunk is already stored with other bytes."""
 

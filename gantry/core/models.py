@@ -199,6 +199,9 @@ class RunnerGroup(models.Model):
     github_workflow = models.CharField(max_length=200, blank=True, default="")
     github_ref = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
+    # Set by runner_group_archive (DELETE /runner-groups/{id}): the group left
+    # every list and the claim, its tokens were revoked; its runs stay readable.
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "runner_group"
@@ -214,8 +217,9 @@ class RunnerGroup(models.Model):
     # errors). A plain save() of a form-loaded instance must never write back
     # stale copies: a stale token_version would undo a rotation.
     SYSTEM_FIELDS = frozenset(
-        {"runner_count", "token_version", "last_polled_at", "last_dispatch_error", "last_dispatch_error_at"}
-    )
+        {"runner_count", "token_version", "last_polled_at", "last_dispatch_error", "last_dispatch_error_at",
+         "archived_at"}
+    )  # fmt: skip
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding and kwargs.get("update_fields") is None:

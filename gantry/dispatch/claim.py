@@ -39,7 +39,7 @@ from gantry import conf, metrics
 from gantry.core import tokens
 from gantry.core.models import Organization, RunnerGroup
 from gantry.dispatch import throttle
-from gantry.sql.claim import CLAIM
+from gantry.sql.claim import CLAIM, STAMP_THROTTLED
 from gantry.sql.statement import Rows, Script, Statement, end, run_script
 
 log = logging.getLogger("gantry.dispatch")
@@ -174,19 +174,40 @@ def _consume_dispatch_token(*, organization_id: int, now: datetime, runs_per_hou
     return decision.outcome
 
 
-def _stamp_throttled(exc: Throttled) -> None:
+# A throttled poll's contact stamp is written at most this often per group
+# (:func:`_stamp_throttled`): the poll is the hot path, and the groups page
+# calls a group silent only after conf poll_stale_after (60 s by default).
+THROTTLED_CONTACT_SECONDS = 5
+
+
+def _stamp_throttled(exc: Throttled, *, group_id: int | None = None, now: datetime | None = None) -> None:
     """Defer the org until its next token: best-effort, in its own transaction, never failing the poll.
 
     Guarded on the rate the claim used: a rate change clears the stamp (the
     projection was made at the old rate), and a stamp computed at the old rate
     must not land after that clear. A stamp that is merely late or lost costs
     nothing: the bucket stays authoritative, the next throttled poll re-stamps.
+
+    With ``group_id``, the same statement stamps the group's ``last_polled_at``:
+    the rollback undid the claim's own stamp, and a throttled poll is still a
+    coordinator in contact (else the groups page calls it silent). At most
+    every THROTTLED_CONTACT_SECONDS, so a throttled org's polls add no write
+    of the group row per poll, and no round trip (one statement as before).
     """
     try:
         with transaction.atomic():
-            Organization.objects.filter(id=exc.organization_id, runs_per_hour_limit=exc.runs_per_hour_limit).update(
-                dispatch_throttled_until=exc.until
-            )
+            if group_id is None:
+                Organization.objects.filter(id=exc.organization_id, runs_per_hour_limit=exc.runs_per_hour_limit).update(
+                    dispatch_throttled_until=exc.until
+                )
+            else:
+                now = now or timezone.now()
+                with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+                    cur.execute(
+                        STAMP_THROTTLED,
+                        {"org": exc.organization_id, "rate": exc.runs_per_hour_limit, "until": exc.until,
+                         "grp": group_id, "now": now, "since": now - timedelta(seconds=THROTTLED_CONTACT_SECONDS)},
+                    )  # fmt: skip
     except DatabaseError as err:
         log.warning(
             "could not stamp dispatch_throttled_until",
@@ -306,7 +327,7 @@ def claim(
         row, outcome = run_claim(args, organization_id=group.organization_id, now=now, vouch=vouch)
     except Throttled as exc:
         throttle.record(throttle.LIMITED)
-        _stamp_throttled(exc)
+        _stamp_throttled(exc, group_id=group.id, now=now)
         if raise_throttled:
             raise
         return None

@@ -38,6 +38,7 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gantry.core.errors import NotFound
 from gantry.core.models import Organization, RunStatus
 from gantry.dispatch import queue
 from gantry.sql import queue as sql
@@ -82,7 +83,11 @@ def runnable(group: queue.GroupFacts, facts: queue.OrgFacts, backlog: dict[int, 
 
 def group_demand(*, group_id: int, now: datetime) -> dict[str, int]:
     """``GET /runner-groups/demand``: {runnable, running, max_concurrent_runs} of one group (four statements)."""
-    (group,) = queue.group_facts(group_id=group_id)
+    found = queue.group_facts(group_id=group_id)
+    if not found:
+        # Archived since its token was read (group_facts leaves archived groups out).
+        raise NotFound("runner group not found")
+    (group,) = found
     org = Organization.objects.only("id", "runs_per_hour_limit", "dispatch_throttled_until").get(
         id=group.organization_id
     )

@@ -62,6 +62,7 @@ from gantry.core import services, tokens
 from gantry.core.errors import GantryError
 from gantry.core.models import GroupKind, RunnerStatus
 from gantry.dispatch import claim as dispatch
+from gantry.dispatch import coordinators
 from gantry.logs import live as live_logs
 from gantry.logs import services as log_services
 from gantry.logs import views as log_views
@@ -104,6 +105,8 @@ class Call:
     query: bytes
     body: bytes = b""
     deferred: asyncpoll.Deferred | None = None  # the poll's: what gantry.server.asgi reads to park it
+    # The coordinator identity headers as sent (the poll records them, gantry.dispatch.coordinators).
+    coordinator: dict[bytes, bytes] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -192,12 +195,14 @@ def admit(route: Route, scope: dict[str, Any]) -> Call | None:
         return None
     if token is None:
         return None
-    return Call(ids=ids, token=token, query=scope.get("query_string", b""))
+    coordinator = {name: seen[name] for name in _COORDINATOR_HEADERS if name in seen}
+    return Call(ids=ids, token=token, query=scope.get("query_string", b""), coordinator=coordinator)
 
 
+_COORDINATOR_HEADERS = frozenset(raw for _, _, raw in coordinators.HEADERS)
 _READ_HEADERS = frozenset(
     {b"host", b"x-forwarded-host", b"accept", b"authorization", b"content-length", b"content-type",
-     b"transfer-encoding"}
+     b"transfer-encoding", *_COORDINATOR_HEADERS}
 )  # fmt: skip
 
 
@@ -443,6 +448,10 @@ def _poll(call: Call) -> Answer | None:
     wait = _wait(call.query)
     if wait is None:
         return None
+    try:
+        who = coordinators.identity(lambda header: _text(call.coordinator.get(header.lower().encode())))
+    except GantryError:
+        return None  # the view answers the 400
     checked = group_check(claims)
     vouch = None
     if checked is None:  # a token that does not name its org: its group is read first
@@ -468,9 +477,15 @@ def _poll(call: Call) -> Answer | None:
         )
     except dispatch.Throttled:
         result = None
+    # After the claim: its group check passed (a refused token is the view's, which records nothing).
+    coordinators.record(group_id=group.id, who=who)
     if result is None:
         return POLL.answer(204)
     return POLL.answer(200, JSONRenderer().render(ClaimSerializer.fast_represent(result)))
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("latin-1")  # as a WSGI environ carries a header
 
 
 def _self_hosted(group: Any) -> None:

@@ -62,8 +62,9 @@ def claimable(run: str) -> str:
 
 
 def has_room(group: str) -> str:
-    """SQL: the group (alias ``group``) may take a run: not drained, a slot free (``runner_count``, decision 2)."""
-    return f"NOT {group}.drained AND {group}.runner_count < {group}.max_concurrent_runs"
+    """SQL: the group (alias ``group``) may take a run: not drained nor archived, a slot free (``runner_count``,
+    decision 2)."""
+    return f"NOT {group}.drained AND {group}.archived_at IS NULL AND {group}.runner_count < {group}.max_concurrent_runs"
 
 
 def serves(selector: str, *, labels: str, group_id: str, default_group: str) -> str:
@@ -95,7 +96,7 @@ CLAIM = named(
 WITH grp AS (
     -- Locks the group row; a poll that waited for another poll of this group
     -- reads the row version that poll wrote, its stub counted.
-    SELECT id, labels, runner_count, max_concurrent_runs, drained, token_version, organization_id, kind
+    SELECT id, labels, runner_count, max_concurrent_runs, drained, archived_at, token_version, organization_id, kind
     FROM runner_group
     WHERE id = %(grp)s::bigint
     FOR NO KEY UPDATE
@@ -176,6 +177,20 @@ SELECT moved.id, o.runs_per_hour_limit, moved.first_pending_at
 FROM moved JOIN organization o ON o.id = %(org)s::bigint
 """,
 )
+
+# A throttled claim's aftermath (gantry.dispatch.claim._stamp_throttled), one
+# statement: the org's deferral stamp (guarded on the rate the claim read) and
+# the group's contact stamp, which the claim's rollback undid (guarded on
+# %(since)s, so a throttled org's polls write the group row once every few
+# seconds, not once per poll).
+STAMP_THROTTLED = """
+WITH contact AS (
+    UPDATE runner_group SET last_polled_at = %(now)s
+    WHERE id = %(grp)s AND (last_polled_at IS NULL OR last_polled_at < %(since)s)
+)
+UPDATE organization SET dispatch_throttled_until = %(until)s
+WHERE id = %(org)s AND runs_per_hour_limit = %(rate)s
+"""
 
 # The channel parked long polls and the backend dispatcher LISTEN on. Triggers
 # on run and runner (migration 0004) notify it when a run becomes claimable.

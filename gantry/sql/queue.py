@@ -66,9 +66,10 @@ _GROUP_FILTERS = {"org_id": "g.organization_id = %(org_id)s", "group_id": "g.id 
 def groups(*by: str) -> str:
     """Runner groups, each with the org's selectors it serves (the claim's rule, gantry.sql.claim.serves).
 
-    Filtered by the parameters ``by`` names (``org_id``, ``group_id``); all groups by none.
+    Filtered by the parameters ``by`` names (``org_id``, ``group_id``); all groups by none. Archived groups never.
     """
-    where = f"WHERE {' AND '.join(_GROUP_FILTERS[name] for name in by)}" if by else ""
+    # An archived group is gone from the queue's facts (runner_group_archive).
+    where = f"WHERE {' AND '.join(['g.archived_at IS NULL', *(_GROUP_FILTERS[name] for name in by)])}"
     return f"""
 SELECT g.id, g.organization_id, g.name, g.kind, g.labels, g.max_concurrent_runs, g.runner_count, g.drained,
        g.last_polled_at, g.last_dispatch_error, g.last_dispatch_error_at,

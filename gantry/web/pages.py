@@ -30,9 +30,19 @@ from gantry import conf
 from gantry.api.auth import member_role
 from gantry.core import params, services, words
 from gantry.core.errors import GantryError
-from gantry.core.models import EXECUTING, NEVER_STARTED, TERMINAL, Organization, Role, Run, Runner, RunnerGroup
+from gantry.core.models import (
+    EXECUTING,
+    NEVER_STARTED,
+    TERMINAL,
+    GroupKind,
+    Organization,
+    Role,
+    Run,
+    Runner,
+    RunnerGroup,
+)
 from gantry.core.services.deployments import RETRYABLE
-from gantry.dispatch import queue
+from gantry.dispatch import coordinators, queue
 
 FINISHED_SHOWN = 20
 
@@ -260,10 +270,14 @@ def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse
 
 
 def groups_context(request: HttpRequest, org: Organization, role: str) -> dict[str, Any]:
+    from gantry.web import group_pages  # it builds on this module's helpers
+
     now = timezone.now()
     stale = conf.get().poll_stale_after
+    facts = queue.group_facts(organization_id=org.id)  # archived groups are not among them
+    found = coordinators.of_groups([g.id for g in facts])
     rows = []
-    for g in queue.group_facts(organization_id=org.id):
+    for g in facts:
         if g.last_polled_at is None:
             poll = "never polled"
             online = False
@@ -271,8 +285,16 @@ def groups_context(request: HttpRequest, org: Organization, role: str) -> dict[s
             silent = (now - g.last_polled_at).total_seconds()
             online = silent <= stale
             poll = "coordinator online" if online else f"silent for {words.duration(silent)}"
-        rows.append({"group": g, "poll": poll, "online": online})
-    return {**_nav(request, org, role, "groups"), "groups": rows, "stale_after": stale}
+        polled = group_pages.coordinator_rows(None if found is None else found.get(g.id), now=now, stale=stale)
+        summary = group_pages.coordinator_summary(polled)
+        rows.append({"group": g, "poll": poll, "online": online, "coordinators": summary})
+    return {
+        **_nav(request, org, role, "groups"),
+        "groups": rows,
+        "stale_after": stale,
+        "coordinators_unknown": found is None,
+        "kinds": [(k.value, k.label) for k in GroupKind],
+    }
 
 
 @login_required
@@ -285,13 +307,21 @@ def groups_page(request: HttpRequest, org: str) -> HttpResponse:
 @login_required
 @require_POST
 def group_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
-    group = RunnerGroup.objects.select_related("organization").filter(id=pk).first()
+    group = RunnerGroup.objects.select_related("organization").filter(id=pk, archived_at__isnull=True).first()
     role = member_role(_user(request), group.organization) if group is not None else None
     if group is None or role is None:
         raise Http404("no such runner group")
     if role != Role.ADMIN:
         raise PermissionDenied("this needs the org admin role")  # the styled 403 page (gantry.web.errors)
-    back = reverse("web:groups", kwargs={"org": group.organization.slug})
+    if action == "archive":
+        from gantry.web import group_pages
+
+        return group_pages.archive(request, group, role)
+    # Back where the button was: the group's own page, or the groups list.
+    if request.POST.get("from") == "group":
+        back = reverse("web:group", kwargs={"pk": group.id})
+    else:
+        back = reverse("web:groups", kwargs={"org": group.organization.slug})
     if action in ("drain", "undrain"):
         drained = action == "drain"
         return _act(

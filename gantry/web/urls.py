@@ -4,7 +4,7 @@ from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import path
 
-from gantry.web import accounts, member_pages, pages, stack_pages
+from gantry.web import accounts, group_pages, member_pages, pages, stack_pages
 
 app_name = "web"
 
@@ -41,4 +41,11 @@ urlpatterns = [
     path("stacks/<int:pk>", stack_pages.stack_page, name="stack"),
     path("stacks/<int:pk>/deploy", stack_pages.deploy, name="stack_deploy"),
     path("stacks/<int:pk>/archive", stack_pages.archive, name="stack_archive"),
+    path("runner-groups/<int:pk>", group_pages.group_page, name="group"),
+    path("orgs/<slug:org>/runner-groups/new", group_pages.group_create, name="group_create"),
+    path(
+        "runner-groups/<int:pk>/runners/<uuid:runner_id>/force-delete",
+        group_pages.runner_force_delete,
+        name="group_runner_force_delete",
+    ),
 ]

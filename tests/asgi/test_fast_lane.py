@@ -466,3 +466,35 @@ def test_a_refused_org_token_reaches_django_and_its_claim_is_undone(server: Serv
     assert not Runner.objects.exists()  # no stub survived
     assert not Run.objects.filter(status=RunStatus.ASSIGNED).exists()
     assert dict(RunnerGroup.objects.values_list("id", "last_polled_at")) == stamps  # no poll stamped
+
+
+# ---------------------------------------------------------------- the coordinator's identity on the poll
+
+
+def test_a_poll_with_identity_headers_is_served_by_the_lane_and_recorded(server: Server, acme: Organization) -> None:
+    from gantry import redis as gantry_redis
+    from gantry.dispatch import coordinators
+
+    group = linux(acme)
+    gantry_redis.client().delete(coordinators.key_for(group.id))  # group ids repeat from test to test
+    who = {
+        "X-Gantry-Coordinator-Id": "c-lane-1",
+        "X-Gantry-Coordinator-Host": "ci-7.example",
+        "X-Gantry-Coordinator-Version": "0.1.0",
+    }
+    was = served(server, "poll")
+
+    assert call(server, "GET", POLL + "?wait=0", org_token(group), headers=who)[0] == 204
+
+    assert served(server, "poll") == was + 1  # the lane took it, headers and all
+    found = (coordinators.of_groups([group.id]) or {})[group.id]
+    assert [(c.id, c.host, c.version) for c in found] == [("c-lane-1", "ci-7.example", "0.1.0")]
+    # A malformed one is the view's 400, with its body; nothing more is recorded.
+    bad = {**who, "X-Gantry-Coordinator-Id": "two words"}
+    got, want = (
+        call(server, "GET", POLL + "?wait=0", org_token(group), headers=bad),
+        django("GET", POLL + "?wait=0", org_token(group), headers=bad),
+    )
+    assert got[0] == want[0] == 400
+    assert got[2] == want[2]
+    assert len((coordinators.of_groups([group.id]) or {})[group.id]) == 1

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gantry_wire import protocol
 from runners.client import (
     READY_RETRY,
     ApiError,
@@ -27,6 +28,7 @@ from runners.client import (
     ServerUnreachable,
     Upload,
 )
+from runners.coordinator import identity_headers
 
 Answer = tuple[int, Any, dict[str, str]]
 
@@ -299,3 +301,16 @@ def test_a_loop_failing_for_hours_still_gets_a_bounded_pause() -> None:
 def test_full_jitter_stays_the_default_for_a_requests_retries() -> None:
     pauses = {RetryPolicy(base=1.0, cap=1.0).delay(1) for _ in range(200)}
     assert min(pauses) < 0.5  # drawn from [0, 1]: a retry may follow at once
+
+
+def test_poll_sends_the_coordinators_identity_headers(server: Scripted) -> None:
+    server.answers = [(204, None, {})]
+    client = client_for(server, Sleeps())
+    client.poll_headers = identity_headers("c0ffee", host="build 1.exämple")
+
+    client.poll(wait=0)
+
+    sent = {k.lower(): v for k, v in server.requests[0]["headers"].items()}
+    assert sent["x-gantry-coordinator-id"] == "c0ffee"
+    assert sent["x-gantry-coordinator-host"] == "build1.exmple"  # only what the server accepts
+    assert sent["x-gantry-coordinator-version"] == protocol.VERSION

@@ -16,6 +16,7 @@ import pytest
 
 from gantry.core import services
 from gantry.core.models import Run, Runner, RunnerGroup, RunStatus
+from gantry_wire import protocol
 from launchers.fake import FakeLauncher, FakeWorld
 from runners.client import GantryClient, RequestAborted
 from runners.coordinator import Coordinator, Settings
@@ -212,3 +213,19 @@ def test_stop_cuts_off_a_parked_long_poll(site: Site) -> None:
     assert not thread.is_alive(), "hang guard: the coordinator had not stopped 60 s after stop()"
     assert result == [0]
     assert polls == ["cut off"]  # not answered at the end of its 30 s wait: stop() cut it off
+
+
+def test_its_polls_name_it_and_the_server_records_who_polls(site: Site) -> None:
+    from gantry import redis as gantry_redis
+    from gantry.dispatch import coordinators
+
+    coordinators.forget_writes()
+    gantry_redis.client().delete(coordinators.key_for(site.group.id))  # group ids repeat from test to test
+    coord = coordinator(site, FakeLauncher())
+
+    coord.step()  # nothing to claim: a plain 204 poll
+
+    found = (coordinators.of_groups([site.group.id]) or {})[site.group.id]
+    assert [(c.id, c.host, c.version) for c in found] == [(coord.instance_id, socket.gethostname(), protocol.VERSION)]
+    # Another process on the same host is another coordinator.
+    assert coordinator(site, FakeLauncher()).instance_id != coord.instance_id

@@ -31,3 +31,11 @@ def test_a_reconcile_report_fits_the_servers_bounds() -> None:
     assert reconcile.MAX_WORKERS == RECONCILE_MAX_WORKERS
     assert reconcile.LAST_LINES <= RECONCILE_MAX_LINES
     assert reconcile.LINE_CHARS <= RECONCILE_MAX_LINE
+
+
+def test_the_version_a_coordinator_sends_is_the_projects() -> None:
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] == protocol.VERSION

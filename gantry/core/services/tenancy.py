@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
@@ -10,17 +11,21 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import F, Model
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from gantry.core import secrets as stack_secrets
 from gantry.core import specs, tokens
-from gantry.core.errors import InvalidRequest, NameTaken, SlugTaken, StackArchived
+from gantry.core.errors import GroupBusy, InvalidRequest, NameTaken, NotFound, SlugTaken, StackArchived
 from gantry.core.models import (
+    RUNNER_BOUND,
     GroupKind,
     Invitation,
     Membership,
     Organization,
     Role,
+    Run,
+    Runner,
     RunnerGroup,
     Stack,
 )
@@ -51,6 +56,7 @@ def org_update(
             and not RunnerGroup.objects.filter(
                 id=default_runner_group_id,  # type: ignore[misc]
                 organization=org,
+                archived_at__isnull=True,
             ).exists()
         ):
             raise InvalidRequest("default_runner_group_id must name a runner group of this organization")
@@ -212,6 +218,49 @@ def runner_group_set_drained(*, group: RunnerGroup, drained: bool) -> RunnerGrou
     group.refresh_from_db(fields=["drained"])
     if not drained:
         notify_claimable(organization_id=group.organization_id)
+    return group
+
+
+def runner_group_archive(*, group: RunnerGroup, now: datetime | None = None) -> RunnerGroup:
+    """Archive a group (DELETE /runner-groups/{id}): its tokens stop at once, it leaves lists and the claim.
+
+    Refused with GroupBusy while a runner of it holds a run (assigned or
+    executing): archiving would strand that run until a reaper. Its runs and
+    their history stay readable; its idle runner rows (no run bound) go.
+
+    Race-safe against a claim: the group row is locked FOR UPDATE, which waits
+    for a claim holding its FOR NO KEY UPDATE (that claim's stub is then seen
+    below, and the archive refused), and makes a later claim wait for this
+    commit and read archived_at on the row version written here (gantry.sql.claim
+    ``has_room``: it claims nothing). The token version is bumped in the same
+    write, so every group token, the fast lane's included, is refused (401).
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        locked = RunnerGroup.objects.select_for_update().filter(id=group.id, archived_at__isnull=True).first()
+        if locked is None:
+            raise NotFound("runner group not found")
+        busy = (
+            Run.objects.filter(assigned_runner__runner_group_id=group.id, status__in=sorted(RUNNER_BOUND))
+            .values_list("id", flat=True)
+            .first()
+        )
+        if busy is not None:
+            raise GroupBusy(
+                f"runner group {group.name!r} holds run {busy}: archive it once its runs have finished "
+                "(drain the group first so it takes no new one)",
+                run_id=str(busy),
+            )
+        # None of these is bound to a run (checked above under the lock): a
+        # pending run still pointing at one is released by the key's SET NULL.
+        Runner.objects.filter(runner_group_id=group.id).delete()
+        RunnerGroup.objects.filter(id=group.id).update(archived_at=now, token_version=F("token_version") + 1)
+        # An archived default would keep the org's selector-less runs waiting for ever.
+        if Organization.objects.filter(id=group.organization_id, default_runner_group_id=group.id).update(
+            default_runner_group=None
+        ):
+            notify_claimable(organization_id=group.organization_id)
+    group.refresh_from_db(fields=["archived_at", "token_version", "runner_count"])
     return group
 
 
