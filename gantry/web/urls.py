@@ -19,4 +19,5 @@ urlpatterns = [
     path("runner-groups/<int:pk>/<str:action>", pages.group_action, name="group_action"),
     path("runs/<uuid:pk>", pages.run_page, name="run"),
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
+    path("runs/<uuid:pk>/log/raw", pages.run_log_download, name="run_log_raw"),
 ]

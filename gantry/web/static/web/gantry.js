@@ -17,39 +17,10 @@
     }, every);
   }
 
-  // <pre data-log="/api/v1/runs/ID/logs">: follow the log with ?offset= until it is complete.
-  function followLog(pre) {
-    var url = pre.getAttribute("data-log");
-    var state = document.querySelector("[data-log-state]");
-    var offset = 0;
-    function tick() {
-      fetch(url + "?offset=" + offset, { credentials: "same-origin" })
-        .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
-        .then(function (page) {
-          if (page.text) {
-            var atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
-            pre.appendChild(document.createTextNode(page.text));
-            if (atEnd) pre.scrollTop = pre.scrollHeight;
-          }
-          offset = page.next_offset;
-          if (page.complete) {
-            if (state) state.textContent = offset ? "End of log." : "No output.";
-            return;
-          }
-          if (state) state.textContent = "Following the log live…";
-          setTimeout(tick, page.text ? 300 : 1500);
-        })
-        .catch(function (e) {
-          if (state) state.textContent = "Log unavailable (" + e.message + "); retrying.";
-          setTimeout(tick, 3000);
-        });
-    }
-    tick();
-  }
+  // A run's log (<pre data-log>) is followed by logview.js, loaded by the run page.
 
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-live]").forEach(live);
-    document.querySelectorAll("pre[data-log]").forEach(followLog);
     var pick = document.querySelector("[data-orgpick-select]");
     if (pick) pick.addEventListener("change", function () { window.location = pick.value; });
   });
@@ -59,4 +30,14 @@
     var msg = ev.target.getAttribute && ev.target.getAttribute("data-confirm");
     if (msg && !window.confirm(msg)) ev.preventDefault();
   });
+
+  confirmButtons();
+
+  // <button data-confirm="question">: ask first; a "no" stops the click (and so the form's submit). Delegated.
+  function confirmButtons() {
+    document.addEventListener("click", function (ev) {
+      var button = ev.target.closest && ev.target.closest("button[data-confirm]");
+      if (button && !window.confirm(button.getAttribute("data-confirm"))) ev.preventDefault();
+    }, true);
+  }
 })();
