@@ -12,6 +12,7 @@ posts to a view here that calls the same service as the API; a refusal
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -187,8 +188,7 @@ def _linked_text(text: str, run_ids: list[str]) -> list[tuple[str, str | None]]:
             if link is not None or rid not in piece:
                 cut.append((piece, link))
                 continue
-            before, _, after = piece.partition(rid)
-            cut += [(before, None), (rid, rid), (after, None)]
+            cut += [(bit, rid if bit == rid else None) for bit in re.split(f"({re.escape(rid)})", piece)]
         parts = cut
     return [(piece, link) for piece, link in parts if piece]
 

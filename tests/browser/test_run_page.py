@@ -219,6 +219,13 @@ def test_a_finished_runs_log_has_steps_colours_times_line_anchors_and_a_raw_down
     assert answer.headers["content-disposition"] == f'attachment; filename="run-{run.id}.log"'
     assert answer.body() == LOG.encode()
 
+    # Retried: the new attempt's timeline links the run it retries, and the attempts link each other.
+    services.deployment_retry(deployment_id=run.deployment_id, by=people["bob"])
+    again = Run.objects.get(deployment_id=run.deployment_id, attempt=2)
+    page.goto(f"/runs/{again.id}")
+    expect(page.locator(f".timeline a[href='/runs/{run.id}']")).to_have_text(str(run.id))
+    expect(page.locator(f".sub a[href='/runs/{run.id}']")).to_have_text("1")
+
 
 def test_another_orgs_run_and_its_download_are_404(people: dict[str, User], globex: Organization) -> None:
     from tests.dispatch.helpers import make_stack
