@@ -17,7 +17,7 @@ from gantry.logs import flush_live_log, live
 from gantry.logs.limits import TIME_MARKS_MAX
 from gantry.logs.storage import get_storage
 
-from .conftest import Executing, gz, sha
+from .conftest import BUCKET, Executing, gz, sha
 
 T0 = 1_700_000_000_000
 
@@ -125,3 +125,21 @@ def test_it_refuses_a_times_flag_that_is_not_0_or_1(executing: Executing, teamma
 def test_null_times_are_no_times(executing: Executing, teammate_api: APIClient) -> None:
     assert push(executing, 0, 0, "z\n", None).status_code == 204
     assert read(teammate_api, executing)["times"] == []
+
+
+def test_on_s3_the_marks_are_an_object_beside_the_chunks(
+    executing: Executing, teammate_api: APIClient, s3: Any
+) -> None:
+    data = gz("one\ntwo\n")
+    assert handout(executing, 0, data, [[0, T0], [4, T0 + 700]]).status_code == 200
+    assert executing.upload(0, data) == 200
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{executing.run.id}/")["Contents"])
+    assert keys == [f"runs/{executing.run.id}/chunks/00000000.gz", f"runs/{executing.run.id}/times/00000000.json"]
+    # A retried handout (the same marks) keeps the first write.
+    assert handout(executing, 0, data, [[0, T0], [4, T0 + 700]]).status_code == 200
+    executing.done([sha(data)])
+    page = read(teammate_api, executing)
+    assert (page["text"], page["times"], page["complete"]) == ("one\ntwo\n", [[0, T0], [4, T0 + 700]], True)
+    # Retention deletes them with the run's chunks.
+    assert get_storage().delete_runs([executing.run.id]) == {}
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{executing.run.id}/").get("KeyCount") == 0
