@@ -119,6 +119,35 @@ def test_a_silent_runner_is_said_plainly_and_an_admin_force_deletes_it_once_the_
     expect(admin.locator(".timeline")).to_contain_text("force_deleted")
 
 
+def test_a_running_runs_log_follows_live_with_times_and_a_line_that_grows(
+    browsers: Browsers, people: dict[str, User], stack: Stack, group: RunnerGroup
+) -> None:
+    run = deploy(stack)
+    _, runner = start(group)
+
+    def push(text: str, times: list[list[int]]) -> None:
+        data = base64.b64encode(gzip.compress(text.encode())).decode()
+        body = {"chunk_index": 0, "sealed_chunks": 0, "data": data, "times": times}
+        assert runner.post(f"/api/v1/runs/{run.id}/logs/live", body, format="json").status_code == 204
+
+    push("==> [1/1] build\ndownloading 10", [[0, T0]])
+    page = open_as(browsers, "bob", f"/runs/{run.id}")
+    step = page.locator("pre.log details.step")
+    expect(step).to_have_attribute("open", "")
+    expect(step.locator("summary")).to_have_attribute("data-badge", "running")
+    expect(page.locator("#L2 .tx")).to_have_text("downloading 10")  # shown before its newline arrives
+    push("==> [1/1] build\ndownloading 10\x1b[1m0%\x1b[0m done\nnext\n", [[0, T0], [30, T0 + 5000]])
+    expect(page.locator("#L2 .tx")).to_have_text("downloading 100% done\n", timeout=10_000)  # the same line, grown
+    expect(page.locator("#L2 .tx .a-b")).to_have_text("0%")
+    expect(page.locator("#L3 .tx")).to_have_text("next\n")
+    expect(page.locator("pre.log .line")).to_have_count(3)
+    assert page.locator("#L3 .ts").get_attribute("data-ts") != page.locator("#L1 .ts").get_attribute("data-ts")
+    expect(page.locator("[data-log-state]")).to_have_text("Following the log live…")
+    # The times column can be hidden.
+    page.locator("[data-log-times]").uncheck()
+    expect(page.locator("#L1 .ts")).to_be_hidden()
+
+
 def test_a_queued_run_shows_its_reason_not_a_log_box_and_links_the_run_it_waits_for(
     browsers: Browsers, people: dict[str, User], stack: Stack, group: RunnerGroup
 ) -> None:
@@ -143,6 +172,8 @@ LOG = (
     "==> [1/2] build\n"
     "\x1b[32mcompiling\x1b[0m module\n"
     "\x1b[1;31merror:\x1b[0m not really \x1b]0;a title\x07\x1b[2K\n"
+    "\x1b[38;5;208morange\x1b[0m \x1b[48;2;10;20;30mdeep\x1b[0m\n"
+    "50%\r100%\n"
     "==> [1/2] build: exit code 0 (1.5s)\n"
     "==> [2/2] test\n" + "".join(f"test line {i}\n" for i in range(1, 41)) + "==> [2/2] test: exit code 3 (12.0s)\n"
 )
@@ -182,6 +213,12 @@ def test_a_finished_runs_log_has_steps_colours_times_line_anchors_and_a_raw_down
     expect(page.locator("pre.log span.a-b.a-fg31")).to_have_text("error:")
     assert "\x1b" not in (page.locator("pre.log").text_content() or "")
     expect(page.locator("#L3 .tx")).to_have_text("error: not really \n")
+    # 256 colours and RGB as inline colours; a carriage return shows what was written after it (a progress bar).
+    orange = page.locator("#L4 .tx span").nth(0)
+    expect(orange).to_have_text("orange")
+    expect(orange).to_have_css("color", "rgb(255, 135, 0)")
+    expect(page.locator("#L4 .tx span").nth(1)).to_have_css("background-color", "rgb(10, 20, 30)")
+    expect(page.locator("#L5 .tx")).to_have_text("100%\n")
     # Line times: the mark at or before each line's first byte, shown beside it.
     local = page.evaluate(
         "ms => ms.map(m => { const d = new Date(m);"
@@ -190,7 +227,8 @@ def test_a_finished_runs_log_has_steps_colours_times_line_anchors_and_a_raw_down
     )
     expect(page.locator("#L1 .ts")).to_have_attribute("data-ts", local[0])
     expect(page.locator("#L2 .ts")).to_have_attribute("data-ts", local[1])
-    expect(page.locator("#L5 .ts")).to_have_attribute("data-ts", local[2])
+    expect(page.locator("#L6 .ts")).to_have_attribute("data-ts", local[1])  # the last line of step 1
+    expect(page.locator("#L7 .ts")).to_have_attribute("data-ts", local[2])  # step 2's header
     expect(page.locator("#L30 .ts")).to_have_attribute("data-ts", local[2])
     # A line number is a link that sets the hash and highlights the line.
     page.locator("#L3 a.no").click()
