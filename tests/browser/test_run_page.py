@@ -148,6 +148,27 @@ def test_a_running_runs_log_follows_live_with_times_and_a_line_that_grows(
     expect(page.locator("#L1 .ts")).to_be_hidden()
 
 
+def test_a_log_past_the_viewers_line_limit_goes_on_as_plain_text(
+    browsers: Browsers, people: dict[str, User], stack: Stack, group: RunnerGroup
+) -> None:
+    run = deploy(stack)
+    _, runner = start(group)
+    text = "".join(f"\x1b[32mline {i}\x1b[0m\n" for i in range(1, 31))
+    data = base64.b64encode(gzip.compress(text.encode())).decode()
+    body = {"chunk_index": 0, "sealed_chunks": 0, "data": data}
+    assert runner.post(f"/api/v1/runs/{run.id}/logs/live", body, format="json").status_code == 204
+    page = browsers.open("bob")
+    page.add_init_script("window.GANTRY_LOG_LINE_LIMIT = 20")  # the page's own limit is 50,000
+    login(page, "bob", "bob-password-1")
+    page.goto(f"/runs/{run.id}")
+    expect(page.locator("pre.log .viewer-note")).to_have_attribute("data-plain-from", "21")
+    expect(page.locator("pre.log .line")).to_have_count(20)
+    expect(page.locator("pre.log")).to_contain_text("line 20\n[viewer: the log goes on past 20 lines")
+    expect(page.locator("pre.log")).to_contain_text("(Download raw for the file)]\nline 21\n")
+    assert (page.locator("pre.log").text_content() or "").endswith("line 30\n")
+    assert "\x1b" not in (page.locator("pre.log").text_content() or "")
+
+
 def test_a_queued_run_shows_its_reason_not_a_log_box_and_links_the_run_it_waits_for(
     browsers: Browsers, people: dict[str, User], stack: Stack, group: RunnerGroup
 ) -> None:

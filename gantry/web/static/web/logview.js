@@ -13,6 +13,9 @@
   var ESCAPES = /\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]/g;
   var SGR = /\x1b\[([0-9;:]*)m/g;
   var encoder = new TextEncoder();
+  // Past this many lines the rest is shown as plain text (no numbers, times, colours or steps): a line is a few
+  // DOM nodes, and a 50 MB log of short lines would be millions. Download raw has the whole log either way.
+  var LINE_LIMIT = window.GANTRY_LOG_LINE_LIMIT || 50000;
 
   function pad(n) { return (n < 10 ? "0" : "") + n; }
 
@@ -123,6 +126,7 @@
     this.count = 0;
     this.times = [];          // [byte offset, ms], ascending: when the runner wrote each block
     this.step = null;         // the open step: {n, label, details, summary, body}
+    this.plain = null;        // the text node past LINE_LIMIT lines
     this.wantHash = /^#L\d+$/.test(window.location.hash);  // a #L123 not reached yet (no auto-scroll until then)
   }
 
@@ -239,9 +243,11 @@
     var atEnd = this.pre.scrollTop + this.pre.clientHeight >= this.pre.scrollHeight - 8;
     var pos = 0, offset = this.lineStart;
     var all = this.partial + text;
+    if (this.plain) { this.plain.appendData(strip(text)); return this.followScroll(atEnd); }
     while (true) {
       var nl = all.indexOf("\n", pos);
       if (nl < 0) break;
+      if (this.count >= LINE_LIMIT) { this.goPlain(all.slice(pos)); return this.followScroll(atEnd); }
       var line = all.slice(pos, nl);
       this.finishLine(line, offset);
       offset += encoder.encode(line).length + 1;
@@ -261,8 +267,28 @@
       for (var k in this.openStyle) copy[k] = this.openStyle[k];
       this.fill(this.openLine, this.partial, copy, false);
     }
-    if (atEnd && !this.wantHash) this.pre.scrollTop = this.pre.scrollHeight;
+    this.followScroll(atEnd);
     this.showHash(false);
+  };
+
+  Viewer.prototype.followScroll = function (atEnd) {
+    if (atEnd && !this.wantHash) this.pre.scrollTop = this.pre.scrollHeight;
+  };
+
+  // Too many lines to lay out one by one: the rest of the log goes in as one plain text node.
+  Viewer.prototype.goPlain = function (rest) {
+    if (this.openLine && this.openLine.parentNode) this.openLine.parentNode.removeChild(this.openLine);
+    this.openLine = null;
+    this.partial = "";
+    this.step = null;
+    var note = document.createElement("span");
+    note.className = "viewer-note";
+    note.setAttribute("data-plain-from", String(this.count + 1));
+    note.textContent = "[viewer: the log goes on past " + LINE_LIMIT.toLocaleString("en") +
+      " lines; the rest is shown as plain text (Download raw for the file)]\n";
+    this.pre.appendChild(note);
+    this.plain = document.createTextNode(strip(rest));
+    this.pre.appendChild(this.plain);
   };
 
   // #L123: highlight that line, open its step, scroll to it (once it has arrived).
@@ -293,7 +319,7 @@
           if (page.text) self.append(page.text, self.offset);
           self.offset = page.next_offset;
           if (page.final) {
-            if (self.partial) { self.finishLastLine(); }
+            if (self.partial && !self.plain) { self.finishLastLine(); }
             self.say(!self.offset ? "No output." : page.complete ? "End of log." : "End of log (output was lost; see its last line).");
             self.showHash(false);
             return;
