@@ -19,6 +19,14 @@ CHUNK_SIZE = 1024 * 1024
 # so a slow trickle of output still reaches durable storage.
 SEAL_INTERVAL = 30
 
+# Per-line times (docs/logs.md, "Line times"): beside each chunk the runner sends
+# a list of [offset in the chunk, epoch milliseconds] marks, one when a chunk
+# begins and one more per write at least TIME_MARK_EVERY_MS after the last, so
+# every line's time is that of the mark at or before its first byte. At most
+# TIME_MARKS_MAX marks per chunk (a chunk lives at most SEAL_INTERVAL seconds).
+TIME_MARK_EVERY_MS = 100
+TIME_MARKS_MAX = 1024
+
 
 def truncation_line(max_bytes: int) -> bytes:
     """The line a log ends with when its run wrote more than ``max_bytes`` (docs/logs.md)."""

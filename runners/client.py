@@ -418,19 +418,22 @@ class GantryClient:
     def acknowledge_cancel(self, run_id: str) -> None:
         self.request("POST", f"/api/v1/runs/{run_id}/acknowledging-cancel")
 
-    def live_push(self, run_id: str, *, chunk_index: int, sealed_chunks: int, data: str) -> None:
-        """Best effort: one try; the next tick pushes a fresher snapshot anyway."""
-        self.request(
-            "POST",
-            f"/api/v1/runs/{run_id}/logs/live",
-            body={"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "data": data},
-            retry=NO_RETRY,
-        )
+    def live_push(
+        self, run_id: str, *, chunk_index: int, sealed_chunks: int, data: str, times: list[list[int]] | None = None
+    ) -> None:
+        """Best effort: one try; the next tick pushes a fresher snapshot anyway. ``times``: the chunk's time marks."""
+        body: dict[str, Any] = {"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "data": data}
+        if times:
+            body["times"] = times
+        self.request("POST", f"/api/v1/runs/{run_id}/logs/live", body=body, retry=NO_RETRY)
 
-    def chunk_upload(self, run_id: str, index: int, *, sha256: str, size: int) -> Upload:
-        data = self.request(
-            "POST", f"/api/v1/runs/{run_id}/logs/chunks/{index}", body={"sha256": sha256, "size": size}
-        ).json()
+    def chunk_upload(
+        self, run_id: str, index: int, *, sha256: str, size: int, times: list[list[int]] | None = None
+    ) -> Upload:
+        body: dict[str, Any] = {"sha256": sha256, "size": size}
+        if times:
+            body["times"] = times  # kept beside the chunk; the chunk's bytes stay the log's own
+        data = self.request("POST", f"/api/v1/runs/{run_id}/logs/chunks/{index}", body=body).json()
         return Upload(
             url=str(data["url"]),
             method=str(data.get("method") or "PUT"),

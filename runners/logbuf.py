@@ -14,6 +14,10 @@ to ``logs/live`` unless nothing changed).
 
 The hot path is :meth:`LogBuffer.write`, called with blocks of up to 1 MiB
 read straight from the step's pipe: a slice and an append, no per-line work.
+Line times cost one clock read per write: the buffer keeps, per chunk, marks
+``[offset in the chunk, epoch ms]`` (one when a chunk begins, one per write at
+least ``TIME_MARK_EVERY_MS`` after the last), sent beside the chunk's bytes with
+the live push and the chunk handout, never inside them (docs/logs.md).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gantry_wire.logsetup import event
-from gantry_wire.protocol import truncation_line
+from gantry_wire.protocol import TIME_MARK_EVERY_MS, TIME_MARKS_MAX, truncation_line
 from runners.client import ApiError, GantryClient, RetryPolicy
 
 log = logging.getLogger("gantry.runner.logs")
@@ -58,6 +62,7 @@ class LogBuffer:
         max_bytes: int,
         max_pending: int = MAX_PENDING_CHUNKS,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
@@ -66,6 +71,10 @@ class LogBuffer:
         self.max_bytes = max_bytes
         self.max_pending = max_pending
         self._clock = clock
+        self._wall = wall
+        # The active chunk's time marks, and the sealed chunks' until the uploader takes them.
+        self._marks: list[list[int]] = []
+        self._sealed_marks: dict[int, list[list[int]]] = {}
         self._cond = threading.Condition()
         self._active = bytearray()
         self._active_index = 0
@@ -106,9 +115,13 @@ class LogBuffer:
         """Append under the lock, sealing every time the active chunk fills."""
         if len(view):
             self._last = bytes(view[-1:])
+            now_ms = int(self._wall() * 1000)
         while len(view):
             if not self._active:
                 self._active_since = self._clock()
+                self._marks = [[0, now_ms]]
+            elif now_ms - self._marks[-1][1] >= TIME_MARK_EVERY_MS and len(self._marks) < TIME_MARKS_MAX:
+                self._marks.append([len(self._active), now_ms])
             space = self.chunk_size - len(self._active)
             self._active += view[:space]
             self.recorded += min(space, len(view))
@@ -118,6 +131,8 @@ class LogBuffer:
 
     def _seal(self) -> None:
         self._pending.append((self._active_index, bytes(self._active)))
+        self._sealed_marks[self._active_index] = self._marks
+        self._marks = []
         self._active_index += 1
         self._active = bytearray()
         self._active_since = None
@@ -169,6 +184,11 @@ class LogBuffer:
             self._cond.notify_all()  # a writer may be waiting for room
             return item
 
+    def take_marks(self, n: int) -> list[list[int]]:
+        """Sealed chunk ``n``'s time marks (once: the uploader sends them with the chunk's handout)."""
+        with self._cond:
+            return self._sealed_marks.pop(n, [])
+
     def drained(self) -> bool:
         with self._cond:
             return self._closed and not self._pending
@@ -177,6 +197,11 @@ class LogBuffer:
         """The active chunk's index and a copy of its bytes (a prefix of that chunk once sealed)."""
         with self._cond:
             return self._active_index, bytes(self._active)
+
+    def live_snapshot(self) -> tuple[int, bytes, list[list[int]]]:
+        """:meth:`snapshot` and the active chunk's time marks so far, taken together."""
+        with self._cond:
+            return self._active_index, bytes(self._active), [list(m) for m in self._marks]
 
 
 @dataclass
@@ -264,13 +289,14 @@ class LogShipper:
                     return
                 continue
             index, raw = item
+            marks = self.buf.take_marks(index)
             data = gzip_bytes(raw)
             digest = hashlib.sha256(data).hexdigest()
             with self._lock:
                 self._hashes[index] = digest
             if self._abandon.is_set():
                 self.failed_chunks.append(index)
-            elif self._upload(index, data, digest):
+            elif self._upload(index, data, digest, marks):
                 with self._lock:
                     self._stored.add(index)
                     while self._uploaded in self._stored:
@@ -278,7 +304,7 @@ class LogShipper:
             else:
                 self.failed_chunks.append(index)
 
-    def _upload(self, index: int, data: bytes, digest: str) -> bool:
+    def _upload(self, index: int, data: bytes, digest: str, marks: list[list[int]] | None = None) -> bool:
         deadline = time.monotonic() + self.upload_deadline
         policy = RetryPolicy(base=0.5, cap=15.0)
         attempt = 0
@@ -286,7 +312,7 @@ class LogShipper:
         while True:
             attempt += 1
             try:
-                upload = self.client.chunk_upload(self.run_id, index, sha256=digest, size=len(data))
+                upload = self.client.chunk_upload(self.run_id, index, sha256=digest, size=len(data), times=marks)
             except ApiError as exc:
                 if not exc.transient:  # Gantry refused the chunk itself: asking again changes nothing
                     return self._give_up(index, f"handout refused: {exc}")
@@ -328,7 +354,7 @@ class LogShipper:
         last: tuple[int, int, int] = (0, 0, 0)  # nothing written, nothing stored: nothing to say
         while not self._stop_ticker.wait(self.live_interval):
             self.buf.seal_if_due()
-            index, active = self.buf.snapshot()
+            index, active, marks = self.buf.live_snapshot()
             key = (index, len(active), self.uploaded)
             if key == last:
                 continue  # deduped: an unchanged tick costs no HTTP call
@@ -338,6 +364,7 @@ class LogShipper:
                     chunk_index=index,
                     sealed_chunks=key[2],
                     data=base64.b64encode(gzip_bytes(active)).decode("ascii"),
+                    times=marks,
                 )
                 self.live_pushes += 1
                 last = key

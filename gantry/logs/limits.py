@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from gantry.core.manifest import MAX_CHUNKS
-from gantry_wire.protocol import CHUNK_SIZE, SEAL_INTERVAL
+from gantry_wire.protocol import CHUNK_SIZE, SEAL_INTERVAL, TIME_MARKS_MAX
 
 __all__ = [
     "CHUNK_GZIP_MAX",
@@ -17,6 +17,7 @@ __all__ = [
     "MAX_CHUNKS",
     "PAGE_BYTES",
     "SEAL_INTERVAL",
+    "TIME_MARKS_MAX",
     "UPLOAD_URL_TTL",
 ]
 

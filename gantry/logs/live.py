@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import redis
 
 from gantry import conf
-from gantry.logs.limits import CHUNK_GZIP_MAX
+from gantry.logs.limits import CHUNK_GZIP_MAX, CHUNK_TEXT_MAX, TIME_MARKS_MAX
 from gantry.redis import client
 from gantry.ticker import Ticker
 
@@ -39,6 +39,8 @@ class LiveRecord:
     # gzip of the active chunk's bytes, exactly as the runner sent it.
     data: bytes
     pushed_at: float
+    # The chunk's time marks ([offset in the chunk, epoch ms], docs/logs.md), when the runner sent them.
+    times: list[list[int]] | None = None
 
 
 def ttl_seconds() -> int:
@@ -103,9 +105,45 @@ def push_data(value: str) -> bytes:
     return raw
 
 
-def store(run_id: uuid.UUID, *, chunk_index: int, sealed_chunks: int, data: bytes) -> bool:
+# Epoch milliseconds a time mark may carry (JSON numbers stay exact up to 2**53).
+TIME_MS_MAX = 2**53
+
+
+def time_marks(value: object) -> list[list[int]] | None:
+    """A push's or handout's ``times`` (docs/logs.md, "Line times"), checked; ValueError names what is wrong.
+
+    A list of at most TIME_MARKS_MAX ``[offset, ms]`` pairs of integers, offsets
+    strictly increasing from 0 up and inside a chunk, ms from 0 to 2**53. None
+    (or absent) is a runner that records no times. Times are the runner's
+    clock and may go backwards; only offsets must be ordered.
+    """
+    if value is None:
+        return None
+    if type(value) is not list:
+        raise ValueError("times must be a list of [offset, ms] pairs")
+    if len(value) > TIME_MARKS_MAX:
+        raise ValueError(f"times holds at most {TIME_MARKS_MAX} marks per chunk")
+    last = -1
+    for mark in value:
+        if type(mark) is not list or len(mark) != 2 or type(mark[0]) is not int or type(mark[1]) is not int:
+            raise ValueError("each time mark is [offset, ms], two integers")
+        offset, ms = mark
+        if not last < offset < CHUNK_TEXT_MAX:
+            raise ValueError("time mark offsets must increase, from 0, and lie inside the chunk")
+        if not 0 <= ms <= TIME_MS_MAX:
+            raise ValueError("a time mark's ms must be epoch milliseconds (0 to 2**53)")
+        last = offset
+    return value
+
+
+def store(
+    run_id: uuid.UUID, *, chunk_index: int, sealed_chunks: int, data: bytes, times: list[list[int]] | None = None
+) -> bool:
     """Replace the run's record; False when Redis is unavailable (the push is dropped)."""
-    header = json.dumps({"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "at": time.time()})
+    meta: dict[str, object] = {"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "at": time.time()}
+    if times:
+        meta["times"] = times
+    header = json.dumps(meta, separators=(",", ":"))
     try:
         client().set(_key(run_id), header.encode() + b"\n" + data, ex=ttl_seconds())
     except (redis.RedisError, OSError) as exc:
@@ -149,6 +187,7 @@ def _parse(run_id: uuid.UUID, raw: object) -> LiveRecord | None:
             sealed_chunks=int(meta["sealed_chunks"]),
             data=data,
             pushed_at=float(meta["at"]),
+            times=meta.get("times"),
         )
     except (ValueError, KeyError, TypeError):
         log.warning("unreadable live log record for run %s", run_id, extra={"event": "logs.live_unreadable"})

@@ -57,7 +57,7 @@ from gantry import conf
 from gantry.core.models import TERMINAL, Run
 from gantry.logs import live
 from gantry.logs.limits import CHUNK_TEXT_MAX, MAX_CHUNKS, PAGE_BYTES
-from gantry.logs.storage import LogStorage, get_storage
+from gantry.logs.storage import LogStorage, decode_times, get_storage
 from gantry.redis import client
 from gantry_wire.protocol import truncation_line
 
@@ -223,6 +223,8 @@ class Segment:
     length: int
     ends_with_newline: bool
     load: Callable[[], bytes]
+    # The segment's time marks ([offset in the segment, epoch ms]); None for the server's own marker lines.
+    marks: Callable[[], list[list[int]] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,9 @@ class LogPage:
     complete: bool
     # The run has ended and nothing will be added after next_offset.
     final: bool = False
+    # Asked for (``times=True``): [stream byte offset, epoch ms] marks of this page's bytes, plus the last
+    # mark before ``offset`` (so the page's first line has its time). Empty for a runner that records none.
+    times: list[list[int]] | None = None
 
 
 @dataclass
@@ -239,6 +244,7 @@ class _Sources:
     count: int
     expected: list[str | None] = field(default_factory=list)
     live_text: bytes | None = None
+    live_times: list[list[int]] | None = None
     # The server's own record of a lost runner's log (the flush), not the runner's /done.
     lost: bool = False
     # Set while reading: a chunk the manifest lists was missing or corrupt.
@@ -269,6 +275,7 @@ def _sources(run: Run, index: ChunkIndex) -> _Sources:
         # into it stay valid once it seals. An unreadable snapshot is skipped:
         # it is a preview, the sealed chunk is the record.
         src.live_text = gunzip(record.data)
+        src.live_times = record.times
     return src
 
 
@@ -278,6 +285,10 @@ def _loader(index: ChunkIndex, n: int) -> Callable[[], bytes]:
 
 def _const(data: bytes) -> Callable[[], bytes]:
     return lambda: data
+
+
+def _times_loader(index: ChunkIndex, n: int) -> Callable[[], list[list[int]] | None]:
+    return lambda: decode_times(index.storage.get_times(index.run_id, n))
 
 
 def _segments(src: _Sources, index: ChunkIndex) -> Iterator[Segment]:
@@ -297,11 +308,12 @@ def _segments(src: _Sources, index: ChunkIndex) -> Iterator[Segment]:
             seg = marker(corrupt_line(n))
             src.gaps = True
         else:
-            seg = Segment(info.length, info.ends_with_newline, _loader(index, n))
+            seg = Segment(info.length, info.ends_with_newline, _loader(index, n), _times_loader(index, n))
         prev_nl = seg.ends_with_newline if seg.length else prev_nl
         yield seg
     if src.live_text is not None:
-        yield Segment(len(src.live_text), src.live_text.endswith(b"\n"), _const(src.live_text))
+        live_times = src.live_times
+        yield Segment(len(src.live_text), src.live_text.endswith(b"\n"), _const(src.live_text), lambda: live_times)
         prev_nl = src.live_text.endswith(b"\n") if src.live_text else prev_nl
     if src.lost:
         yield marker(lost_line())
@@ -324,15 +336,22 @@ def _capped(segments: Iterator[Segment], max_bytes: int) -> Iterator[Segment]:
             # (only ever on a log over the cap).
             kept = seg.load()[:keep]
             prev_nl = kept.endswith(b"\n")
-            yield Segment(keep, prev_nl, _const(kept))
+            yield Segment(keep, prev_nl, _const(kept), seg.marks)
         # The line stands on a line of its own.
         line = truncation_line(max_bytes) if prev_nl else b"\n" + truncation_line(max_bytes)
         yield Segment(len(line), True, _const(line))
         return
 
 
-def read_log(run: Run, *, offset: int, limit: int = PAGE_BYTES, storage: LogStorage | None = None) -> LogPage:
-    """One page of the run's log from byte ``offset`` (see the module docstring for the stream)."""
+def read_log(
+    run: Run, *, offset: int, limit: int = PAGE_BYTES, storage: LogStorage | None = None, times: bool = False
+) -> LogPage:
+    """One page of the run's log from byte ``offset`` (see the module docstring for the stream).
+
+    ``times``: also the time marks of the page's segments, as stream offsets
+    (docs/logs.md, "Line times"); one small storage read per sealed chunk the
+    page touches, nothing for the live chunk (its marks are in its record).
+    """
     terminal = run.status in TERMINAL
     index = ChunkIndex(run.id, storage or get_storage())
     src = _sources(run, index)
@@ -340,6 +359,7 @@ def read_log(run: Run, *, offset: int, limit: int = PAGE_BYTES, storage: LogStor
     out = bytearray()
     pos = 0
     more = False
+    marks: list[list[int]] = []
     for seg in _capped(_segments(src, index), conf.get().log_max_bytes):
         start, end = pos, pos + seg.length
         if start >= want_end:
@@ -350,19 +370,32 @@ def read_log(run: Run, *, offset: int, limit: int = PAGE_BYTES, storage: LogStor
         if end > offset and seg.length:
             data = seg.load()
             out += data[max(offset - start, 0) : min(want_end, end) - start]
+            if times and seg.marks is not None:
+                marks += [[start + at, ms] for at, ms in seg.marks() or () if at < seg.length]
         pos = end
         if pos > want_end:
             more = True
             break
     index.save()
     final = terminal and not more and pos <= want_end
+    page_times = _page_times(marks, offset) if times else None
     # Known whole unless the server recorded a lost runner's log (every path that fails an executing run
     # without its runner's /done flushes and flags it) or a listed chunk did not read back.
     whole = not src.lost and not src.gaps
     if final:
         text = out.decode("utf-8", errors="replace")
-        return LogPage(text=text, next_offset=max(offset, pos), complete=whole, final=True)
+        return LogPage(text=text, next_offset=max(offset, pos), complete=whole, final=True, times=page_times)
     # More may follow (the next page, or bytes the runner has yet to write):
     # never end inside a character.
     out = out[: len(out) - incomplete_tail(out)]
-    return LogPage(text=out.decode("utf-8", errors="replace"), next_offset=offset + len(out), complete=False)
+    if page_times is not None:
+        page_times = [m for m in page_times if m[0] < offset + len(out) or m[0] <= offset]
+    return LogPage(
+        text=out.decode("utf-8", errors="replace"), next_offset=offset + len(out), complete=False, times=page_times
+    )
+
+
+def _page_times(marks: list[list[int]], offset: int) -> list[list[int]]:
+    """The marks from ``offset`` on, after the last one before it (the time of the line ``offset`` falls in)."""
+    before = [m for m in marks if m[0] < offset]
+    return before[-1:] + [m for m in marks if m[0] >= offset]

@@ -23,7 +23,7 @@ from gantry.core.models import TERMINAL, Run
 from gantry.logs import live
 from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS
 from gantry.logs.reader import ChunkIndex, gunzip
-from gantry.logs.storage import LocalStorage, LogStorage, PresignedPut, UploadGrant, get_storage
+from gantry.logs.storage import LocalStorage, LogStorage, PresignedPut, UploadGrant, encode_times, get_storage
 from gantry.sql import logs as sql
 from gantry.sql.statement import fetchone
 
@@ -39,7 +39,10 @@ def _held(run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None =
     return bool(row and row[0])
 
 
-def live_push(*, run_id: uuid.UUID, runner_id: uuid.UUID, chunk_index: int, sealed_chunks: int, data: bytes) -> bool:
+def live_push(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID, chunk_index: int, sealed_chunks: int, data: bytes,
+    times: list[list[int]] | None = None,
+) -> bool:  # fmt: skip
     """Replace the run's live record; False when the push was dropped.
 
     A push for a run its runner no longer executes (finished, failed by a
@@ -58,12 +61,12 @@ def live_push(*, run_id: uuid.UUID, runner_id: uuid.UUID, chunk_index: int, seal
             extra={"event": "logs.live_dropped", "run_id": str(run_id)},
         )
         return False
-    return live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data)
+    return live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data, times=times)
 
 
 def live_push_hot(
     *, run_id: uuid.UUID, runner_id: uuid.UUID, runner_group_id: int | None, chunk_index: int,
-    sealed_chunks: int, data: bytes,
+    sealed_chunks: int, data: bytes, times: list[list[int]] | None = None,
 ) -> bool:  # fmt: skip
     """The push's common case (gantry.server.lane): True once the runner executes the run and the push is handled.
 
@@ -74,12 +77,19 @@ def live_push_hot(
     """
     if not _held(run_id, runner_id, runner_group_id):
         return False
-    live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data)
+    live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data, times=times)
     return True
 
 
-def chunk_upload_url(*, run_id: uuid.UUID, runner_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
-    """A presigned PUT for sealed chunk ``n``, only while the runner executes the run."""
+def chunk_upload_url(
+    *, run_id: uuid.UUID, runner_id: uuid.UUID, n: int, sha256: str, size: int, times: list[list[int]] | None = None
+) -> PresignedPut:
+    """A presigned PUT for sealed chunk ``n``, only while the runner executes the run.
+
+    ``times`` (the chunk's time marks) are stored beside the chunk now, write-once
+    like the chunk (a retried handout sends the same marks): the chunk's own
+    bytes stay exactly the log, and a runner that sends no times changes nothing.
+    """
     if not 0 <= n < MAX_CHUNKS:
         raise InvalidRequest(f"chunk number must be from 0 to {MAX_CHUNKS - 1}")
     if not is_sha256(sha256):
@@ -93,7 +103,10 @@ def chunk_upload_url(*, run_id: uuid.UUID, runner_id: uuid.UUID, n: int, sha256:
         if status in TERMINAL:
             raise RunTerminal("the run has finished; its log takes no more chunks")
         raise Conflict(f"the run is {status}, not executing on this runner; it takes no chunks")
-    return get_storage().presign_put(run_id, n, sha256.lower(), size)
+    storage = get_storage()
+    if times:
+        storage.put_times(run_id, n, encode_times(times))
+    return storage.presign_put(run_id, n, sha256.lower(), size)
 
 
 @dataclass(frozen=True)
@@ -289,6 +302,9 @@ def _final_manifest(run_id: uuid.UUID, record: live.LiveRecord, storage: LogStor
         return {"count": n, "sha256": hashes, "flushed_chunk": None}
     assert storage is not None
     written = storage.put(run_id, n, record.data)
+    if written and record.times:
+        # The snapshot's marks go beside the chunk they describe (only when that chunk is this snapshot).
+        storage.put_times(run_id, n, encode_times(record.times))
     # When the key was taken, the runner's own upload won; its hash is unknown here.
     hashes.append(hashlib.sha256(record.data).hexdigest() if written else None)
     return {"count": n + 1, "sha256": hashes, "flushed_chunk": n}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -47,6 +48,30 @@ def chunk_key(run_id: uuid.UUID, n: int) -> str:
     return f"runs/{run_id}/chunks/{n:08d}.gz"
 
 
+def times_key(run_id: uuid.UUID, n: int) -> str:
+    """The object key of chunk ``n``'s time marks (docs/logs.md, "Line times"): beside the chunks, not among them."""
+    return f"runs/{run_id}/times/{n:08d}.json"
+
+
+def encode_times(marks: list[list[int]]) -> bytes:
+    return json.dumps(marks, separators=(",", ":")).encode()
+
+
+def decode_times(raw: bytes | None) -> list[list[int]] | None:
+    """Stored marks, or None when absent or unreadable (times are an aid; the log reads the same without)."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if type(value) is not list or not all(
+        type(m) is list and len(m) == 2 and all(type(x) is int for x in m) for m in value
+    ):
+        return None
+    return value
+
+
 @dataclass(frozen=True)
 class PresignedPut:
     url: str
@@ -73,6 +98,14 @@ class LogStorage(ABC):
     @abstractmethod
     def presign_put(self, run_id: uuid.UUID, n: int, sha256: str, size: int) -> PresignedPut:
         """A URL the runner PUTs chunk ``n`` to; only a body of ``size`` bytes hashing to ``sha256`` is kept."""
+
+    @abstractmethod
+    def put_times(self, run_id: uuid.UUID, n: int, data: bytes) -> bool:
+        """Store chunk ``n``'s time marks unless they exist (write-once, as the chunk): True when written."""
+
+    @abstractmethod
+    def get_times(self, run_id: uuid.UUID, n: int) -> bytes | None:
+        """Chunk ``n``'s stored time marks, or None."""
 
     @abstractmethod
     def delete_runs(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Exception]:
@@ -105,7 +138,19 @@ class LocalStorage(LogStorage):
         return self.root / chunk_key(run_id, n)
 
     def put(self, run_id: uuid.UUID, n: int, data: bytes) -> bool:
-        final = self.path(run_id, n)
+        return self._put_once(self.path(run_id, n), data)
+
+    def put_times(self, run_id: uuid.UUID, n: int, data: bytes) -> bool:
+        return self._put_once(self.root / times_key(run_id, n), data)
+
+    def get_times(self, run_id: uuid.UUID, n: int) -> bytes | None:
+        try:
+            return (self.root / times_key(run_id, n)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _put_once(final: Path, data: bytes) -> bool:
         final.parent.mkdir(parents=True, exist_ok=True)
         # Write a temporary file in the same folder, then link it into place:
         # link() is atomic and fails when the name exists, so a reader never
@@ -177,16 +222,16 @@ class S3Storage(LogStorage):
         return self.prefix + chunk_key(run_id, n)
 
     def put(self, run_id: uuid.UUID, n: int, data: bytes) -> bool:
+        return self._put_once(self.key(run_id, n), data, "application/gzip")
+
+    def put_times(self, run_id: uuid.UUID, n: int, data: bytes) -> bool:
+        return self._put_once(self.prefix + times_key(run_id, n), data, "application/json")
+
+    def _put_once(self, key: str, data: bytes, content_type: str) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=self.key(run_id, n),
-                Body=data,
-                ContentType="application/gzip",
-                IfNoneMatch="*",
-            )
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type, IfNoneMatch="*")
         except ClientError as exc:
             if _status(exc) == 412:  # PreconditionFailed: the key exists
                 return False
@@ -194,10 +239,16 @@ class S3Storage(LogStorage):
         return True
 
     def get(self, run_id: uuid.UUID, n: int) -> bytes | None:
+        return self._get(self.key(run_id, n))
+
+    def get_times(self, run_id: uuid.UUID, n: int) -> bytes | None:
+        return self._get(self.prefix + times_key(run_id, n))
+
+    def _get(self, key: str) -> bytes | None:
         from botocore.exceptions import ClientError
 
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=self.key(run_id, n))
+            answer = self.client.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
             if _status(exc) == 404:
                 return None

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core import signing
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
@@ -20,9 +20,34 @@ from gantry.api.serializers import int_in
 from gantry.core.errors import InvalidRequest, UploadUrlInvalid
 from gantry.core.models import Run
 from gantry.logs import live, services
-from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS, PAGE_BYTES
+from gantry.logs.limits import CHUNK_GZIP_MAX, MAX_CHUNKS, PAGE_BYTES, TIME_MARKS_MAX
 from gantry.logs.reader import read_log
 from gantry.logs.storage import LocalStorage
+
+TIMES_HELP = (
+    f"Optional: the chunk's time marks, at most {TIME_MARKS_MAX} [offset in the chunk, epoch ms] pairs of "
+    "integers, offsets strictly increasing from 0: each line's time is that of the mark at or before its first "
+    "byte. Kept beside the chunk; the log's bytes do not change."
+)
+
+
+TIME_MARKS_SCHEMA = {
+    "type": "array",
+    "nullable": True,
+    "maxItems": TIME_MARKS_MAX,
+    "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+}
+
+
+@extend_schema_field(TIME_MARKS_SCHEMA)
+class TimeMarksField(serializers.JSONField):
+    """``times``: [[offset, ms], ...] checked by ``live.time_marks`` (the fast paths use the same check)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return live.time_marks(super().to_internal_value(data))
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class LivePushSerializer(serializers.Serializer):
@@ -38,6 +63,7 @@ class LivePushSerializer(serializers.Serializer):
         max_length=live.PUSH_DATA_MAX_LENGTH,
         help_text=f"Base64 of the gzip of the active chunk's bytes; at most {CHUNK_GZIP_MAX} bytes of gzip.",
     )
+    times = TimeMarksField(required=False, allow_null=True, help_text=TIMES_HELP)
 
     def validate_data(self, value: str) -> bytes:
         try:
@@ -54,7 +80,7 @@ class LivePushSerializer(serializers.Serializer):
     def fast_validate(data: Any) -> dict[str, Any] | None:
         """The validated data (``data`` decoded to bytes) for a plain push (the three keys, ints in range), or
         None: let the serializer judge it (gantry.api.serializers, "fast paths")."""
-        if type(data) is not dict or data.keys() != _LIVE_KEYS:
+        if type(data) is not dict or (data.keys() != _LIVE_KEYS and data.keys() != _LIVE_TIMED_KEYS):
             return None
         chunk, sealed, value = data["chunk_index"], data["sealed_chunks"], data["data"]
         if not (int_in(chunk, 0, MAX_CHUNKS - 1) and int_in(sealed, 0, MAX_CHUNKS) and sealed <= chunk):
@@ -65,10 +91,17 @@ class LivePushSerializer(serializers.Serializer):
             raw = live.push_data(value)
         except ValueError:
             return None
-        return {"chunk_index": chunk, "sealed_chunks": sealed, "data": raw}
+        answer = {"chunk_index": chunk, "sealed_chunks": sealed, "data": raw}
+        if "times" in data:
+            try:
+                answer["times"] = live.time_marks(data["times"])
+            except ValueError:
+                return None
+        return answer
 
 
 _LIVE_KEYS = frozenset({"chunk_index", "sealed_chunks", "data"})
+_LIVE_TIMED_KEYS = _LIVE_KEYS | {"times"}
 
 
 class LiveLogView(APIView):
@@ -96,6 +129,7 @@ class LiveLogView(APIView):
 class ChunkRequestSerializer(serializers.Serializer):
     sha256 = serializers.RegexField(r"^[0-9a-fA-F]{64}$", help_text="Hex sha256 of the chunk's gzip bytes.")
     size = serializers.IntegerField(min_value=1, max_value=CHUNK_GZIP_MAX, help_text="Byte count of the gzip.")
+    times = TimeMarksField(required=False, allow_null=True, help_text=TIMES_HELP)
 
 
 class PresignedPutSerializer(serializers.Serializer):
@@ -176,6 +210,13 @@ class LogPageSerializer(serializers.Serializer):
         help_text="The run has finished and nothing will be added after next_offset (stop following). "
         "Final but not complete: output was lost, and the text ends with a [gantry: ...] line saying so."
     )
+    times = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2),
+        required=False,
+        help_text="Only with ?times=1: [byte offset into the log, epoch ms] marks for this page's bytes, ascending, "
+        "plus the last mark before `offset`; a line's time is that of the mark at or before its first byte. "
+        "Empty where the runner recorded no times (an older runner, the server's own marker lines).",
+    )
 
 
 class RunLogView(UserView):
@@ -184,7 +225,10 @@ class RunLogView(UserView):
         parameters=[
             OpenApiParameter(
                 "offset", int, description="Byte offset into the log to read from: 0, or a previous next_offset."
-            )
+            ),
+            OpenApiParameter(
+                "times", int, enum=[0, 1], description="1: also answer `times`, the page's per-line time marks."
+            ),
         ],
         responses={200: LogPageSerializer, **user_errors(400, 401, 403, 404)},
         description=f"The run's log from `offset`: sealed chunks in order (gap markers for missing or corrupt "
@@ -200,9 +244,13 @@ class RunLogView(UserView):
             raise InvalidRequest("offset must be a whole number of bytes") from None
         if offset < 0:
             raise InvalidRequest("offset must not be negative")
-        page = read_log(run, offset=offset)
-        return Response(
-            LogPageSerializer(
-                {"text": page.text, "next_offset": page.next_offset, "complete": page.complete, "final": page.final}
-            ).data
-        )
+        want_times = request.query_params.get("times", "0")
+        if want_times not in ("0", "1"):
+            raise InvalidRequest("times must be 0 or 1")
+        page = read_log(run, offset=offset, times=want_times == "1")
+        answer: dict[str, Any] = {
+            "text": page.text, "next_offset": page.next_offset, "complete": page.complete, "final": page.final
+        }  # fmt: skip
+        if page.times is not None:
+            answer["times"] = page.times
+        return Response(LogPageSerializer(answer).data)

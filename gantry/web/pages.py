@@ -11,8 +11,11 @@ posts to a view here that calls the same service as the API; a refusal
 
 from __future__ import annotations
 
+import math
+import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,7 +23,14 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseForbidden,
+    HttpResponseRedirect,
+    StreamingHttpResponse,
+)
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -43,6 +53,7 @@ from gantry.core.models import (
 )
 from gantry.core.services.deployments import RETRYABLE
 from gantry.dispatch import coordinators, queue
+from gantry.logs.reader import read_log
 
 FINISHED_SHOWN = 20
 
@@ -100,6 +111,12 @@ def frame_context(request: HttpRequest) -> dict[str, Any]:
     if not isinstance(getattr(request, "user", None), User):
         return {}
     return _nav(request, None, None, "")
+
+
+def until(seconds: float) -> str:
+    """A countdown for a person ('40 s', '3 min'): rounded up, so it never says "in 2 min" of 2 min 55 s."""
+    s = math.ceil(max(0.0, seconds))
+    return words.duration(s if s < 120 else math.ceil(s / 60) * 60)
 
 
 # ---------------------------------------------------------------- home
@@ -188,34 +205,119 @@ def set_rate(request: HttpRequest, org: str) -> HttpResponse:
 
 
 def _run_and_role(request: HttpRequest, pk: uuid.UUID) -> tuple[Run, str]:
-    run = Run.objects.select_related("organization", "stack", "deployment").filter(id=pk).first()
+    run = Run.objects.select_related("organization", "stack", "deployment__created_by").filter(id=pk).first()
     role = member_role(_user(request), run.organization) if run is not None else None
     if run is None or role is None:
         raise Http404("no such run")
     return run, role
 
 
+# Keys of an event's or a reason's detail whose value is a run id: shown as a link to that run.
+RUN_ID_KEYS = frozenset({"retry_of", "run", "run_id", "lane_holder_run_id"})
+# How many missed status intervals make a runner "silent" on the run page.
+SILENT_INTERVALS = 3
+
+
+def _is_uuid(value: object) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def _linked_text(text: str, run_ids: list[str]) -> list[tuple[str, str | None]]:
+    """``text`` cut into (piece, run id or None) so the template links every run id it names."""
+    parts: list[tuple[str, str | None]] = [(text, None)]
+    for rid in run_ids:
+        cut: list[tuple[str, str | None]] = []
+        for piece, link in parts:
+            if link is not None or rid not in piece:
+                cut.append((piece, link))
+                continue
+            cut += [(bit, rid if bit == rid else None) for bit in re.split(f"({re.escape(rid)})", piece)]
+        parts = cut
+    return [(piece, link) for piece, link in parts if piece]
+
+
+def _runner_facts(run: Run, runner: Runner | None, role: str, now: datetime) -> dict[str, Any]:
+    """The bound runner's last contact, whether it has gone silent, and when force-delete becomes possible.
+
+    Silent: an executing run whose runner has not called for more than three
+    status intervals (it polls ``/status`` every interval, which is what moves
+    ``last_seen_at``). The gate is the service's own rule (runner_force_delete):
+    last seen, or never seen, created, ``runner_force_gate`` seconds ago.
+    """
+    if runner is None:
+        return {}
+    cfg = conf.get()
+    contact = runner.last_seen_at or runner.accepted_at or runner.created_at
+    quiet = (now - contact).total_seconds()
+    silent = run.status in EXECUTING and quiet > SILENT_INTERVALS * cfg.status_interval
+    eligible_at = (runner.last_seen_at or runner.created_at) + timedelta(seconds=cfg.runner_force_gate)
+    return {
+        "runner_contact": contact,
+        "runner_contact_ago": words.duration(quiet),
+        "runner_silent": silent,
+        "runner_silent_for": words.duration(quiet),
+        "force_eligible_at": eligible_at,
+        "force_allowed": silent and role == Role.ADMIN and now >= eligible_at,
+        "force_wait": until((eligible_at - now).total_seconds()) if now < eligible_at else None,
+    }
+
+
 def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
-    events = list(run.events.order_by("at", "id"))
+    now = timezone.now()
+    events = [
+        {
+            "at": e.at,
+            "kind": e.kind,
+            "detail": [
+                (k, v, k in RUN_ID_KEYS and isinstance(v, str) and _is_uuid(v)) for k, v in (e.detail or {}).items()
+            ],
+        }
+        for e in run.events.order_by("at", "id")
+    ]
     attempts = list(
         Run.objects.filter(deployment_id=run.deployment_id).order_by("attempt").only("id", "attempt", "status")
     )
     newest = attempts[-1].id == run.id if attempts else True
-    reason = queue.reason_of_run(org=run.organization, run_id=run.id, now=timezone.now())
-    # The runner it is bound to, while that row exists: its group, and a dispatched workflow run's link.
+    reason = queue.reason_of_run(org=run.organization, run_id=run.id, now=now)
+    reason_parts = (
+        _linked_text(
+            str(reason.get("detail", "")),
+            [str(v) for k, v in reason.items() if k in RUN_ID_KEYS and isinstance(v, str) and _is_uuid(v)],
+        )
+        if reason
+        else []
+    )
+    # The runner it is bound to, while that row exists: its group, host, last contact, a workflow run's link.
     runner = (
         Runner.objects.select_related("runner_group").filter(id=run.assigned_runner_id).first()
         if run.assigned_runner_id
         else None
     )
+    started, finished = run.started_at, run.finished_at
+    waiting = run.status in NEVER_STARTED
+    end = finished or now
     return {
         **_nav(request, run.organization, role, "run"),
         "run": run,
+        "queued_by": run.deployment.created_by,
         "events": events,
         "attempts": attempts,
         "reason": reason,
+        "reason_parts": reason_parts,
         "runner": runner,
+        **_runner_facts(run, runner, role, now),
         "terminal": run.status in TERMINAL,
+        "waiting": waiting,
+        # A log exists once a runner started the run; a run that never started has none.
+        "has_log": started is not None or run.status in EXECUTING,
+        # Durations, for a person: wait (queued -> started), run time, total (queued -> finished or now).
+        "wait_for": words.duration(((started or end) - run.created_at).total_seconds()),
+        "run_for": words.duration((end - started).total_seconds()) if started else None,
+        "total_for": words.duration((end - run.created_at).total_seconds()),
         # Buttons as the run's state allows; the services decide again when pressed.
         "can_cancel": run.status not in TERMINAL,
         "can_skip": newest and run.status in NEVER_STARTED,
@@ -243,8 +345,8 @@ def _act(request: HttpRequest, back: str, act: Callable[[], object], done: str) 
 @login_required
 @require_POST
 def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse:
-    """Cancel, skip, retry: members may, as in the API."""
-    run, _ = _run_and_role(request, pk)
+    """Cancel, skip, retry: members may, as in the API. Force-deleting the run's runner: org admins."""
+    run, role = _run_and_role(request, pk)
     by = _user(request)
     back = reverse("web:run", kwargs={"pk": run.id})
     if action == "cancel":
@@ -263,7 +365,43 @@ def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse
         newest = Run.objects.filter(deployment_id=run.deployment_id).order_by("-attempt").values_list("id", flat=True)
         messages.success(request, "Retried: a new attempt is queued.")
         return redirect("web:run", pk=newest[0])
+    if action == "force-delete-runner":
+        if role != Role.ADMIN:
+            return HttpResponseForbidden("force-deleting a runner needs the org admin role")
+        # The run's own runner, never one named by the form: the run's org scoping covers it.
+        runner_id = run.assigned_runner_id
+        if runner_id is None:
+            messages.error(request, "This run has no runner to force-delete.")
+            return HttpResponseRedirect(back)
+        return _act(
+            request,
+            back,
+            lambda: services.runner_force_delete(runner_id=runner_id, by=by),
+            f"Runner {runner_id} force-deleted; the run it was executing failed and its stack's queue moves on.",
+        )
     raise Http404("no such action")
+
+
+@login_required
+def run_log_download(request: HttpRequest, pk: uuid.UUID) -> StreamingHttpResponse:
+    """The whole log as plain text (an attachment): the read API's pages, concatenated."""
+    run, _ = _run_and_role(request, pk)
+
+    def pages() -> Iterator[bytes]:
+        offset = 0
+        while True:
+            page = read_log(run, offset=offset)
+            if page.text:
+                yield page.text.encode()
+            # A running run's log ends where its runner has got to; a page that adds nothing ends the download.
+            if page.final or page.next_offset <= offset:
+                return
+            offset = page.next_offset
+
+    response = StreamingHttpResponse(pages(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.id}.log"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 # ---------------------------------------------------------------- runner groups

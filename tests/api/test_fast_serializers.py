@@ -304,6 +304,13 @@ LIVE_EXAMPLES: list[Any] = [
     {"chunk_index": True, "sealed_chunks": 0, "data": _GZ},
     {"chunk_index": 0, "sealed_chunks": 0, "data": ""},
     [],
+    # Line times (optional): the same check on both paths.
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "times": [[0, 1_700_000_000_000], [4, 1_700_000_000_500]]},
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "times": None},
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "times": []},
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "times": [[4, 1], [4, 2]]},
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "times": [[0, True]]},
+    {"chunk_index": 0, "sealed_chunks": 0, "data": _GZ, "times": "0,1"},
 ]
 
 

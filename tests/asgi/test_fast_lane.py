@@ -304,6 +304,27 @@ def test_a_live_push_through_the_lane_is_the_record_the_reader_sees(server: Serv
     assert record is not None
     assert (record.chunk_index, record.sealed_chunks) == (2, 1)
     assert gzip.decompress(record.data) == b"line\n"
+    assert record.times is None  # a runner that sends no times
+
+
+def test_a_live_push_with_line_times_is_served_by_the_lane_and_keeps_them(server: Server, acme: Organization) -> None:
+    from gantry.logs import live
+
+    deploy(make_stack(acme, "web", {"os": "linux"}))
+    run, _, tok = accepted(server, linux(acme))
+    was = served(server, "live")
+    data = base64.b64encode(gzip.compress(b"a\nb\n")).decode()
+    body = {
+        "chunk_index": 0,
+        "sealed_chunks": 0,
+        "data": data,
+        "times": [[0, 1_700_000_000_000], [2, 1_700_000_000_900]],
+    }
+    assert call(server, "POST", f"/api/v1/runs/{run}/logs/live", tok, body)[0] == 204
+    assert served(server, "live") == was + 1
+    record = live.get(uuid.UUID(run))
+    assert record is not None
+    assert record.times == [[0, 1_700_000_000_000], [2, 1_700_000_000_900]]
 
 
 def test_a_database_error_hands_the_call_to_django_with_nothing_written(acme: Organization) -> None:

@@ -50,6 +50,19 @@ def test_a_run_succeeds(lab: Lab) -> None:
     text, _ = lab.read_log(run_id)
     assert text.startswith("==> [1/2] hello\nhello e2e\n==> [1/2] hello: exit code 0")
     assert "tick 1\ntick 2\ntick 3\n==> [2/2] count: exit code 0" in text
+    # Line times (docs/logs.md): the runner's marks come back with the log, and the ticks are 0.2 s apart.
+    marks = lab.api.request("GET", f"/api/v1/runs/{run_id}/logs", query={"offset": 0, "times": 1}).json()["times"]
+    assert marks
+    assert marks[0][0] == 0
+
+    def written(line: str) -> int:
+        at = len(text[: text.index(line)].encode())
+        return [ms for offset, ms in marks if offset <= at][-1]
+
+    started = datetime.fromisoformat(str(run["started_at"])).timestamp() * 1000
+    finished = datetime.fromisoformat(str(run["finished_at"])).timestamp() * 1000
+    assert started - 1000 <= written("hello e2e") <= written("tick 1\n") < written("tick 3\n") <= finished + 1000
+    assert written("tick 3\n") - written("tick 1\n") >= 300
     exited = wait_until(lambda: coordinator.named("worker.exited", run_id), 30, "the worker to be reaped")
     assert exited[0]["exit_code"] == 0
     assert coordinator.named("run.claimed", run_id)
@@ -214,10 +227,13 @@ def test_50_mib_of_output_comes_back_complete_and_each_chunk_is_uploaded_once(la
     for page in versions.paginate(Bucket="gantry-e2e-logs", Prefix=f"runs/{run_id}/"):
         for version in page.get("Versions", []):
             keys[version["Key"]] = keys.get(version["Key"], 0) + 1
-    chunk_count = len(keys)
+    chunks = sorted(k for k in keys if "/chunks/" in k)
+    chunk_count = len(chunks)
     assert chunk_count == 51  # 50 MiB plus the header and footer lines
-    assert sorted(keys) == [f"runs/{run_id}/chunks/{n:08d}.gz" for n in range(chunk_count)]
-    assert set(keys.values()) == {1}, "a chunk was PUT more than once"
+    assert chunks == [f"runs/{run_id}/chunks/{n:08d}.gz" for n in range(chunk_count)]
+    # Beside each chunk, its line times (docs/logs.md, "Line times"); nothing else.
+    assert sorted(set(keys) - set(chunks)) == [f"runs/{run_id}/times/{n:08d}.json" for n in range(chunk_count)]
+    assert set(keys.values()) == {1}, "a chunk (or its times) was PUT more than once"
     print(
         f"\n50 MiB run: queued to succeeded in {ran:.1f}s ({run['started_at']} → {run['finished_at']}); "
         f"{chunk_count} chunks; read back in {read:.1f}s over {pages} pages"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import time_machine
 
-from gantry_wire.protocol import truncation_line
+from gantry_wire.protocol import TIME_MARKS_MAX, truncation_line
 from runners.client import ApiError, ServerUnreachable, Upload
 from runners.logbuf import LogBuffer, LogShipper, gzip_bytes
 
@@ -125,12 +125,16 @@ class FakeClient:
         self.flaky = dict(flaky or {})
         self.puts: list[tuple[int, bytes]] = []
         self.handouts: list[tuple[int, str, int]] = []
+        self.times: dict[int, list[list[int]] | None] = {}
         self.live: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
-    def chunk_upload(self, run_id: str, index: int, *, sha256: str, size: int) -> Upload:
+    def chunk_upload(
+        self, run_id: str, index: int, *, sha256: str, size: int, times: list[list[int]] | None = None
+    ) -> Upload:
         with self.lock:
             self.handouts.append((index, sha256, size))
+            self.times[index] = times
         return Upload(url=f"/upload/{index}")
 
     def put_chunk(self, upload: Upload, data: bytes, retry: Any = None) -> None:
@@ -141,9 +145,11 @@ class FakeClient:
                 raise ServerUnreachable("connection reset")
             self.puts.append((index, data))
 
-    def live_push(self, run_id: str, *, chunk_index: int, sealed_chunks: int, data: str) -> None:
+    def live_push(
+        self, run_id: str, *, chunk_index: int, sealed_chunks: int, data: str, times: list[list[int]] | None = None
+    ) -> None:
         with self.lock:
-            self.live.append({"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "data": data})
+            self.live.append({"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "data": data, "times": times})
 
 
 def test_the_shipper_uploads_each_chunk_once_with_identical_bytes_on_retry() -> None:
@@ -187,10 +193,12 @@ def test_the_live_tick_pushes_the_active_chunk_and_skips_unchanged_ticks() -> No
 
 def test_a_chunk_the_server_refuses_is_given_up_but_stays_in_the_manifest() -> None:
     class Refusing(FakeClient):
-        def chunk_upload(self, run_id: str, index: int, *, sha256: str, size: int) -> Upload:
+        def chunk_upload(
+            self, run_id: str, index: int, *, sha256: str, size: int, times: list[list[int]] | None = None
+        ) -> Upload:
             if index == 0:
                 raise ApiError(409, "run_terminal", "run is failure")
-            return super().chunk_upload(run_id, index, sha256=sha256, size=size)
+            return super().chunk_upload(run_id, index, sha256=sha256, size=size, times=times)
 
     client = Refusing()
     buf = LogBuffer(chunk_size=4, seal_interval=30, max_bytes=1 << 20)
@@ -229,3 +237,63 @@ def test_when_storage_stays_down_finish_still_names_every_chunk_in_the_manifest(
     assert manifest.uploaded == 0
     assert manifest.sha256 == [hashlib.sha256(gzip_bytes(c)).hexdigest() for c in (b"aaaa", b"bbbb", b"cc")]
     assert client.puts == []
+
+
+# ---------------------------------------------------------------- line times
+
+
+class WallClock:
+    """A wall clock the test moves by hand (epoch seconds)."""
+
+    def __init__(self, at: float = 1_700_000_000.0) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+def test_it_marks_when_each_block_was_written_beside_the_chunk_not_in_it() -> None:
+    wall = WallClock()
+    buf = LogBuffer(chunk_size=20, seal_interval=30, max_bytes=1 << 20, wall=wall)
+    buf.write(b"one\n")  # a chunk begins: a mark at 0
+    wall.at += 0.05
+    buf.write(b"two\n")  # 50 ms later: too soon for a mark of its own
+    wall.at += 2
+    buf.write(b"three\n")  # 2 s later: a mark at its first byte
+    index, data, marks = buf.live_snapshot()
+    assert (index, data) == (0, b"one\ntwo\nthree\n")  # the bytes are the log's own, untouched
+    assert marks == [[0, 1_700_000_000_000], [8, 1_700_000_002_050]]
+    wall.at += 1
+    buf.write(b"four\nfive\n")  # fills chunk 0 at 20 bytes; the rest opens chunk 1 with its own mark
+    assert buf.take_marks(0) == [[0, 1_700_000_000_000], [8, 1_700_000_002_050], [14, 1_700_000_003_050]]
+    assert buf.take_marks(0) == []  # handed over once
+    assert buf.live_snapshot()[2] == [[0, 1_700_000_003_050]]
+
+
+def test_it_caps_the_marks_of_one_chunk() -> None:
+    wall = WallClock()
+    buf = LogBuffer(chunk_size=1 << 20, seal_interval=30, max_bytes=1 << 20, wall=wall)
+    for _ in range(TIME_MARKS_MAX + 50):
+        wall.at += 1
+        buf.write(b"x\n")
+    marks = buf.live_snapshot()[2]
+    assert len(marks) == TIME_MARKS_MAX
+    assert [m[0] for m in marks] == [2 * i for i in range(TIME_MARKS_MAX)]
+
+
+def test_the_shipper_sends_each_chunks_marks_with_its_handout_and_the_live_push() -> None:
+    client = FakeClient()
+    wall = WallClock()
+    buf = LogBuffer(chunk_size=10, seal_interval=30, max_bytes=1 << 20, wall=wall)
+    shipper = LogShipper(client, "run-1", buf, live_interval=0.05)  # type: ignore[arg-type]
+    shipper.start()
+    buf.write(b"12345678\n")
+    wall.at += 1
+    buf.write(b"abc\n")  # 13 bytes: chunk 0 seals at 10, chunk 1 holds "bc\n"
+    deadline = time.monotonic() + 5
+    while not client.live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    shipper.finish()
+    assert client.times[0] == [[0, 1_700_000_000_000], [9, 1_700_000_001_000]]
+    assert client.times[1] == [[0, 1_700_000_001_000]]
+    assert client.live[0]["times"] == [[0, 1_700_000_001_000]]

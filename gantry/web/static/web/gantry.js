@@ -19,35 +19,7 @@
     }, every);
   }
 
-  // <pre data-log="/api/v1/runs/ID/logs">: follow the log with ?offset= until it is complete.
-  function followLog(pre) {
-    var url = pre.getAttribute("data-log");
-    var state = document.querySelector("[data-log-state]");
-    var offset = 0;
-    function tick() {
-      fetch(url + "?offset=" + offset, { credentials: "same-origin" })
-        .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
-        .then(function (page) {
-          if (page.text) {
-            var atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
-            pre.appendChild(document.createTextNode(page.text));
-            if (atEnd) pre.scrollTop = pre.scrollHeight;
-          }
-          offset = page.next_offset;
-          if (page.complete) {
-            if (state) state.textContent = offset ? "End of log." : "No output.";
-            return;
-          }
-          if (state) state.textContent = "Following the log live…";
-          setTimeout(tick, page.text ? 300 : 1500);
-        })
-        .catch(function (e) {
-          if (state) state.textContent = "Log unavailable (" + e.message + "); retrying.";
-          setTimeout(tick, 3000);
-        });
-    }
-    tick();
-  }
+  // A run's log (<pre data-log>) is followed by logview.js, loaded by the run page.
 
   // <time datetime="ISO">: the browser's local time and a relative form ("3 min ago", "in 59 min"); the exact
   // UTC time on hover (title). The server writes UTC text, so without this script the page still tells the truth.
@@ -77,7 +49,6 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-live]").forEach(live);
-    document.querySelectorAll("pre[data-log]").forEach(followLog);
     var pick = document.querySelector("[data-orgpick-select]");
     if (pick) pick.addEventListener("change", function () { window.location = pick.value; });
     localTimes(document);
