@@ -12,7 +12,6 @@ posts to a view here that calls the same service as the API; a refusal
 from __future__ import annotations
 
 import math
-import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -226,20 +225,6 @@ def _is_uuid(value: object) -> bool:
     return True
 
 
-def _linked_text(text: str, run_ids: list[str]) -> list[tuple[str, str | None]]:
-    """``text`` cut into (piece, run id or None) so the template links every run id it names."""
-    parts: list[tuple[str, str | None]] = [(text, None)]
-    for rid in run_ids:
-        cut: list[tuple[str, str | None]] = []
-        for piece, link in parts:
-            if link is not None or rid not in piece:
-                cut.append((piece, link))
-                continue
-            cut += [(bit, rid if bit == rid else None) for bit in re.split(f"({re.escape(rid)})", piece)]
-        parts = cut
-    return [(piece, link) for piece, link in parts if piece]
-
-
 def _runner_facts(run: Run, runner: Runner | None, role: str, now: datetime) -> dict[str, Any]:
     """The bound runner's last contact, whether it has gone silent, and when force-delete becomes possible.
 
@@ -283,14 +268,6 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
     )
     newest = attempts[-1].id == run.id if attempts else True
     reason = queue.reason_of_run(org=run.organization, run_id=run.id, now=now)
-    reason_parts = (
-        _linked_text(
-            str(reason.get("detail", "")),
-            [str(v) for k, v in reason.items() if k in RUN_ID_KEYS and isinstance(v, str) and _is_uuid(v)],
-        )
-        if reason
-        else []
-    )
     # The runner it is bound to, while that row exists: its group, host, last contact, a workflow run's link.
     runner = (
         Runner.objects.select_related("runner_group").filter(id=run.assigned_runner_id).first()
@@ -307,7 +284,6 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
         "events": events,
         "attempts": attempts,
         "reason": reason,
-        "reason_parts": reason_parts,
         "runner": runner,
         **_runner_facts(run, runner, role, now),
         "terminal": run.status in TERMINAL,

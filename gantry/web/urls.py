@@ -31,6 +31,7 @@ urlpatterns = [
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
     # Browsers ask for /favicon.ico whatever the page's <link rel=icon> says: send them to the SVG.
     path("favicon.ico", favicon, name="favicon"),
+    path("runs/<uuid:pk>/log/raw", pages.run_log_download, name="run_log_raw"),
     path("orgs/<slug:org>/members", member_pages.members_page, name="members"),
     path("orgs/<slug:org>/members/invite", member_pages.member_invite, name="member_invite"),
     path("orgs/<slug:org>/members/<str:username>/<str:action>", member_pages.member_action, name="member_action"),
