@@ -46,6 +46,23 @@ class Violation:
     why: str
 
 
+def narrows(old: models.BaseConstraint | None, new: models.BaseConstraint) -> bool:
+    """``new`` is ``old`` (an unconditional UNIQUE this migration dropped) made partial: the same columns
+    and expressions with a condition added. Every row set that satisfied ``old`` satisfies ``new``, so it
+    cannot fail on existing rows nor refuse a write the previous release makes (DDL is transactional:
+    no window without either)."""
+    if not isinstance(old, models.UniqueConstraint) or not isinstance(new, models.UniqueConstraint):
+        return False
+    if old.condition is not None or new.condition is None:
+        return False
+    return (old.fields, old.expressions, old.include, old.opclasses) == (
+        new.fields,
+        new.expressions,
+        new.include,
+        new.opclasses,
+    )
+
+
 def violations(migration: Migration, before: ProjectState) -> list[Violation]:
     """What in ``migration`` would break the previous release's code on the new schema (``before``: the state
     the migration starts from)."""
@@ -54,6 +71,7 @@ def violations(migration: Migration, before: ProjectState) -> list[Violation]:
     found: list[Violation] = []
     state = before.clone()
     created: set[str] = set()
+    removed: dict[tuple[str, str], models.BaseConstraint] = {}  # (model, name) -> a constraint this migration dropped
     name = f"{migration.app_label}.{migration.name}"
     for op in migration.operations:
         described = op.describe()
@@ -72,9 +90,16 @@ def violations(migration: Migration, before: ProjectState) -> list[Violation]:
                 found.append(Violation(name, described, "makes a column NOT NULL in place"))
             if type(old) is not type(op.field):
                 found.append(Violation(name, described, "changes a column's type in place"))
+        elif isinstance(op, migrations.RemoveConstraint):
+            model = state.models[migration.app_label, op.model_name_lower]
+            for old_constraint in model.options.get("constraints", []):
+                if old_constraint.name == op.name:
+                    removed[op.model_name_lower, op.name] = old_constraint
         elif isinstance(op, migrations.AddConstraint) and op.model_name_lower not in created:
             constraint = op.constraint
-            if isinstance(constraint, models.UniqueConstraint | models.CheckConstraint):
+            if narrows(removed.get((op.model_name_lower, constraint.name)), constraint):
+                pass  # holds for fewer rows than the one it replaces: existing rows and old code satisfy it
+            elif isinstance(constraint, models.UniqueConstraint | models.CheckConstraint):
                 found.append(Violation(name, described, "a UNIQUE or CHECK constraint on an existing table"))
         op.state_forwards(migration.app_label, state)
     return found
@@ -138,3 +163,25 @@ def test_it_refuses_what_would_break_the_previous_release() -> None:
     ]
     bad.contract = "run.sealed_chunks: unused since release N (test)"
     assert violations(bad, state) == []
+
+
+def test_it_lets_a_unique_constraint_become_partial_but_not_stricter() -> None:
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    key = ("core", "0018_stack_archived_at")  # full unique on (org, lower(name)) made partial: allowed
+    assert violations(loader.disk_migrations[key], loader.project_state(key, at_end=False)) == []
+    state = loader.project_state()
+    partial = next(
+        c for c in state.models["core", "stack"].options["constraints"] if c.name == "stack_org_name_ci_uniq"
+    )
+    stricter = models.UniqueConstraint(*partial.expressions, name=partial.name)  # the condition dropped
+    back = type(
+        "Migration",
+        (migrations.Migration,),
+        {
+            "operations": [
+                migrations.RemoveConstraint(model_name="stack", name=partial.name),
+                migrations.AddConstraint(model_name="stack", constraint=stricter),
+            ]
+        },
+    )("9999_stricter", "core")
+    assert [v.why for v in violations(back, state)] == ["a UNIQUE or CHECK constraint on an existing table"]
