@@ -228,6 +228,11 @@ class GantryConf:
     # Off where `manage.py dispatcher` runs as processes of their own (deploy/kubernetes), so the
     # workers keep both their processes for the reapers; several dispatchers at once are safe either way.
     dispatch_in_worker: bool = True
+    # A waiting run's effective priority rises one level per this many seconds pending (docs/queue.md),
+    # so a low run waits at most about twice this behind a steady stream of high ones.
+    priority_aging_seconds: int = 900
+    # The window over which a group's recent hand-out rate is read for a waiting run's expected start.
+    queue_rate_window: int = 600
 
     def check(self) -> None:
         if self.stub_cutoff <= self.assignment_ttl:
@@ -290,6 +295,9 @@ def get() -> GantryConf:
         metrics_allow=_metrics_allow(),
         metrics_cache_seconds=envseconds("GANTRY_METRICS_CACHE_SECONDS", 5.0, minimum=0.0, maximum=300.0),
         dispatch_in_worker=envbool("GANTRY_DISPATCH_IN_WORKER", True),
+        # At most a day per level: the claim computes levels in whole seconds, and no queue should need more.
+        priority_aging_seconds=envint("GANTRY_PRIORITY_AGING_SECONDS", 900, minimum=1, maximum=86_400),
+        queue_rate_window=envint("GANTRY_QUEUE_RATE_WINDOW", 600, minimum=10, maximum=86_400),
     )
     conf.check()
     return conf

@@ -313,6 +313,61 @@ def record_runs(runs: Iterable[tuple[int, Mapping[str, float], str | None]]) -> 
         _flusher.start()
 
 
+# ---------------------------------------------------------------- claims: waits by priority, and hand-outs
+#
+# Each claim adds its wait (first pending -> claimed) to a histogram by group
+# and priority (``gantry_run_wait_seconds``: an operator alerts on a starving
+# class), and one hand-out to its group's count in a HANDOUT_BUCKET-second
+# bucket, a small Redis hash per bucket that expires once no read can ask for
+# it. The queue reads the buckets for a group's recent hand-out rate
+# (gantry.dispatch.estimate); both ride the same buffer as the run timings.
+
+HANDOUT_BUCKET = 10
+
+
+def _handouts_key(bucket: int) -> str:
+    return f"gantry:handouts:{connections['default'].settings_dict['NAME']}:{bucket}"
+
+
+def record_claim(*, organization_id: int, group_id: int, priority: str, waited: float, at: float) -> None:
+    """One claim's figures (after it committed): its wait by org, and by group and priority, and a hand-out
+    of the group at ``at`` (epoch seconds). Fails open."""
+    waited = max(0.0, waited)
+    bucket = next((i for i, le in enumerate(RUN_BUCKETS) if waited <= le), len(RUN_BUCKETS))
+    record_run(organization_id=organization_id, timings={"pending_to_claimed": waited})
+    with _buffer_lock:
+        counts, sums = _buffer.setdefault(_runs_key(), (Counter(), defaultdict(float)))
+        counts[f"wait|{group_id}|{priority}|{bucket}"] += 1
+        sums[f"waitsum|{group_id}|{priority}"] += waited
+        _buffer.setdefault(_handouts_key(int(at // HANDOUT_BUCKET)), (Counter(), defaultdict(float)))[0][
+            str(group_id)
+        ] += 1
+        _flusher.start()
+
+
+def handouts(group_ids: Iterable[int], *, since: float, until: float) -> dict[int, int] | None:
+    """Hand-outs per group in the buckets from the one holding ``since`` to the one holding ``until``
+    (epoch seconds): one Redis round trip. None when Redis cannot answer (no basis, not zero)."""
+    ids = [str(g) for g in group_ids]
+    if not ids:
+        return {}
+    flush_runs()  # this process's own latest claims, at least
+    try:
+        pipe = gantry_redis.client().pipeline(transaction=False)
+        for bucket in range(int(since // HANDOUT_BUCKET), int(until // HANDOUT_BUCKET) + 1):
+            pipe.hmget(_handouts_key(bucket), ids)
+        answers = pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("hand-out counts not read: %s", exc, extra={"event": "metrics.read_failed"})
+        return None
+    totals = dict.fromkeys((int(g) for g in ids), 0)
+    for values in answers:
+        for group, value in zip(ids, values, strict=True):
+            if value is not None:
+                totals[int(group)] += int(value)
+    return totals
+
+
 # Seconds a recorded run figure may wait in the process before it reaches Redis.
 FLUSH_SECONDS = 1.0
 # Redis hash key -> (counts, sums) not written yet.
@@ -334,6 +389,9 @@ def flush_runs() -> None:
                 pipe.hincrby(key, field, n)
             for field, total in sums.items():
                 pipe.hincrbyfloat(key, field, total)
+            if key.startswith("gantry:handouts:"):
+                # Kept as long as a read's window may reach back to it.
+                pipe.expire(key, conf.get().queue_rate_window + 2 * HANDOUT_BUCKET)
         pipe.execute()
     except redis.RedisError as exc:
         log.warning("run metrics not recorded: %s", exc, extra={"event": "metrics.record_failed"})
@@ -401,6 +459,17 @@ def _org_slugs() -> dict[str, str]:
 _slugs = ScrapeMemo(_org_slugs)
 
 
+def _group_names() -> dict[str, tuple[str, str]]:
+    from gantry.core.models import RunnerGroup
+
+    rows = RunnerGroup.objects.values_list("id", "organization__slug", "name")
+    return {str(i): (slug, name) for i, slug, name in rows}
+
+
+# Group id -> (org slug, group name), for the wait histogram's labels.
+_groups = ScrapeMemo(_group_names)
+
+
 class RunCollector(Collector):
     """Reads the run timings and finished counts from Redis at scrape time, labelled by org slug."""
 
@@ -431,7 +500,31 @@ class RunCollector(Collector):
                     buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
                 hist.add_metric([slug], buckets, sum_value=float(values.get(f"sum|{name}|{org_id}", 0)))
             families.append(hist)
+        families.append(self._waits(values))
         return families
+
+    @staticmethod
+    def _waits(values: Mapping[str, str]) -> Metric:
+        """gantry_run_wait_seconds{org, runner_group, priority}: for every group and priority that claimed."""
+        hist = HistogramMetricFamily(
+            "gantry_run_wait_seconds",
+            "From the run first becoming pending to a poll claiming it, by runner group and the run's own priority.",
+            labels=["org", "runner_group", "priority"],
+        )
+        seen = sorted({tuple(f.split("|")[1:3]) for f in values if f.startswith("waitsum|")})
+        names = _groups.get() if seen else {}
+        for group_id, priority in seen:
+            if group_id not in names:
+                continue  # a group deleted since (tests' databases come and go): nothing to name it by
+            slug, name = names[group_id]
+            cumulative, buckets = 0.0, []
+            for i, le in enumerate((*RUN_BUCKETS, math.inf)):
+                cumulative += float(values.get(f"wait|{group_id}|{priority}|{i}", 0))
+                buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+            hist.add_metric(
+                [slug, name, priority], buckets, sum_value=float(values.get(f"waitsum|{group_id}|{priority}", 0))
+            )
+        return hist
 
 
 SCRAPE_REGISTRY.register(RunCollector())

@@ -230,6 +230,7 @@ SPECTACULAR_SETTINGS = {
         "RunnerStatusEnum": "gantry.core.models.RunnerStatus",
         "RoleEnum": "gantry.core.models.Role",
         "GroupKindEnum": "gantry.core.models.GroupKind",
+        "PriorityEnum": "gantry.core.models.PRIORITY_NAMES",
         "StopReasonEnum": "gantry.reapers.reconcile.STOP_REASONS",
         "WorkerStateEnum": "gantry.reapers.reconcile.WORKER_STATES",
     },

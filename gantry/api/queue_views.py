@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 
 from gantry.api.auth import IsRunnerGroup
 from gantry.api.common import UserView, group_of, org_for, runner_errors, user_errors
+from gantry.api.serializers import PriorityField
 from gantry.core import params
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import WAITING, Run, RunStatus
@@ -81,6 +82,7 @@ class QueueReasonSerializer(serializers.Serializer):
 class QueueRunSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=[(s, s) for s in sorted(WAITING)])
+    priority = PriorityField(help_text="The run's own priority (its effective one rises as it waits: docs/queue.md).")
     stack_id = serializers.IntegerField()
     stack_name = serializers.CharField()
     deployment_id = serializers.IntegerField()
@@ -95,13 +97,14 @@ class QueuePageSerializer(serializers.Serializer):
 
 
 class RunSummarySerializer(serializers.ModelSerializer):
+    priority = PriorityField(read_only=True)
     stack_id = serializers.IntegerField()
     stack_name = serializers.CharField(source="stack.name")
     deployment_id = serializers.IntegerField()
 
     class Meta:
         model = Run
-        fields = ["id", "status", "stack_id", "stack_name", "deployment_id", "attempt", "created_at",
+        fields = ["id", "status", "priority", "stack_id", "stack_name", "deployment_id", "attempt", "created_at",
                   "first_pending_at", "started_at", "finished_at", "exit_code", "failure_reason"]  # fmt: skip
         read_only_fields = fields
 
@@ -134,6 +137,7 @@ def queue_entry(entry: queue.QueueEntry) -> dict[str, Any]:
     return {
         "id": run.id,
         "status": run.status,
+        "priority": run.priority,
         "stack_id": run.stack_id,
         "stack_name": run.stack_name,
         "deployment_id": run.deployment_id,

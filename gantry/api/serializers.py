@@ -12,7 +12,18 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from gantry.core.models import Deployment, GroupKind, Organization, Role, Run, RunEvent, RunnerGroup, Stack
+from gantry.core.models import (
+    PRIORITY_NAMES,
+    Deployment,
+    GroupKind,
+    Organization,
+    Priority,
+    Role,
+    Run,
+    RunEvent,
+    RunnerGroup,
+    Stack,
+)
 
 # ---------------------------------------------------------------- JSON-stored request fields
 #
@@ -32,6 +43,21 @@ class LabelsField(serializers.JSONField):
 @extend_schema_field({**_STRING_MAP, "writeOnly": True})
 class SecretsField(serializers.JSONField):
     """Secret name → value; write-only (answers carry the names only)."""
+
+
+class PriorityField(serializers.ChoiceField):
+    """A priority by name (``low``, ``normal``, ``high``); stored as its level (``Priority``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=list(PRIORITY_NAMES), **kwargs)
+
+    def to_internal_value(self, data: Any) -> Priority:  # type: ignore[override]  # the level, not the name
+        level = Priority.named(super().to_internal_value(data))
+        assert level is not None  # a valid choice is a priority's label
+        return level
+
+    def to_representation(self, value: Any) -> str:
+        return Priority(value).label
 
 
 class OrganizationSerializer(serializers.ModelSerializer):
@@ -237,6 +263,7 @@ class SpecField(serializers.JSONField):
 
 class StackSerializer(serializers.ModelSerializer):
     spec = SpecSerializer(read_only=True, allow_null=True)
+    default_priority = PriorityField(read_only=True, help_text="The priority of a deployment that names none.")
     runner_selector = serializers.DictField(child=serializers.CharField(), read_only=True)
     secret_names = serializers.SerializerMethodField()
 
@@ -250,6 +277,7 @@ class StackSerializer(serializers.ModelSerializer):
             "runner_selector",
             "spec",
             "secret_names",
+            "default_priority",
             "created_at",
             "archived_at",
         ]
@@ -265,6 +293,9 @@ class StackCreateSerializer(serializers.Serializer):
     labels = LabelsField(required=False, help_text="Label map; keys under gantry:runner-group: select runner groups.")
     spec = SpecField(required=False, help_text="The default run spec for this stack's deployments.")
     secrets = SecretsField(required=False, help_text="Name → value; write-only.")
+    default_priority = PriorityField(
+        required=False, help_text="The priority of a deployment that names none (default normal); high: admins only."
+    )
 
 
 class StackUpdateSerializer(StackCreateSerializer):
@@ -272,9 +303,11 @@ class StackUpdateSerializer(StackCreateSerializer):
 
 
 class RunRefSerializer(serializers.ModelSerializer):
+    priority = PriorityField(read_only=True)
+
     class Meta:
         model = Run
-        fields = ["id", "status"]
+        fields = ["id", "status", "priority"]
         read_only_fields = fields
 
 
@@ -309,6 +342,15 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
 class DeploymentCreateSerializer(serializers.Serializer):
     spec = SpecField(required=False, help_text="Defaults to the stack's spec.")
+    priority = PriorityField(
+        required=False,
+        help_text="Its run's place in the claim's order; defaults to the stack's default_priority. "
+        "high needs the org admin role (403 priority_forbidden).",
+    )
+
+
+class RunUpdateSerializer(serializers.Serializer):
+    priority = PriorityField(help_text="The waiting run's new priority (org admin; 409 run_not_waiting once claimed).")
 
 
 class RunEventSerializer(serializers.ModelSerializer):
@@ -319,6 +361,7 @@ class RunEventSerializer(serializers.ModelSerializer):
 
 
 class RunSerializer(serializers.ModelSerializer):
+    priority = PriorityField(read_only=True)
     deployment_id = serializers.IntegerField(read_only=True)
     stack_id = serializers.IntegerField(read_only=True)
     assigned_runner_id = serializers.UUIDField(read_only=True, allow_null=True)
@@ -329,6 +372,7 @@ class RunSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "status",
+            "priority",
             "deployment_id",
             "stack_id",
             "attempt",

@@ -15,8 +15,8 @@ from gantry.api import serializers as s
 from gantry.api.auth import IsSuperuser, IsUser, member_role
 from gantry.api.common import UserView, org_for, scoped, user_errors, user_of, validated
 from gantry.core import services
-from gantry.core.errors import SpecOverrideForbidden
-from gantry.core.models import Deployment, Membership, Organization, Role, Run, RunnerGroup, Stack
+from gantry.core.errors import PriorityForbidden, SpecOverrideForbidden
+from gantry.core.models import Deployment, Membership, Organization, Priority, Role, Run, RunnerGroup, Stack
 
 # ---------------------------------------------------------------- orgs
 
@@ -369,16 +369,23 @@ class DeploymentListView(UserView):
         responses={201: s.DeploymentSerializer, **user_errors(400, 401, 403, 404, 409)},
         description="Queue a deployment (org member). Its run is pending when the stack's lane is free, else queued. "
         "A `spec` of its own (overriding the stack's) needs the org admin role: 403 `spec_override_forbidden`. "
-        "409 `stack_archived` for an archived stack.",
+        "`priority` (low, normal, high) orders its run in the queue; it defaults to the stack's `default_priority`, "
+        "and `high` needs the org admin role: 403 `priority_forbidden`. 409 `stack_archived` for an archived stack.",
     )
     def post(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk)
         data = validated(s.DeploymentCreateSerializer, request)
-        if "spec" in data and member_role(user_of(request), stack.organization) != Role.ADMIN:
+        admin = member_role(user_of(request), stack.organization) == Role.ADMIN
+        if "spec" in data and not admin:
             # The steps run with the stack's secrets in their environment: what
             # they run is the stack's (an admin's) to say, not any member's.
             raise SpecOverrideForbidden("only an org admin may queue a deployment with its own spec")
-        deployment = services.deployment_create(stack=stack, spec=data.get("spec"), created_by=user_of(request))
+        if data.get("priority") == Priority.HIGH and not admin:
+            # Going ahead of everyone's runs is the org's (an admin's) call: else every member's run would be high.
+            raise PriorityForbidden("only an org admin may queue a deployment with priority high")
+        deployment = services.deployment_create(
+            stack=stack, spec=data.get("spec"), priority=data.get("priority"), created_by=user_of(request)
+        )
         return Response(s.DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 
 
@@ -430,6 +437,22 @@ class RunDetailView(UserView):
     @extend_schema(operation_id="runs_read", responses={200: s.RunSerializer, **user_errors(401, 403, 404)})
     def get(self, request: Request, pk: uuid.UUID) -> Response:
         return Response(s.RunSerializer(_run(request, pk)).data)
+
+    @extend_schema(
+        operation_id="runs_update",
+        request=s.RunUpdateSerializer,
+        responses={200: s.RunSerializer, **user_errors(400, 401, 403, 404, 409)},
+        description="Change a waiting run's priority (org admin; a member gets 403 `priority_forbidden`). Only a "
+        "queued or pending run: 409 `run_not_waiting` once it is claimed, running or finished. The change is a "
+        "`priority_changed` event in the run's history.",
+    )
+    def patch(self, request: Request, pk: uuid.UUID) -> Response:
+        run = _run(request, pk)
+        if member_role(user_of(request), run.organization) != Role.ADMIN:
+            raise PriorityForbidden("only an org admin may change a run's priority")
+        data = validated(s.RunUpdateSerializer, request)
+        services.run_set_priority(run_id=run.id, priority=data["priority"], by=user_of(request))
+        return Response(s.RunSerializer(Run.objects.prefetch_related("events").get(id=run.id)).data)
 
 
 class RunCancelView(UserView):

@@ -110,6 +110,13 @@ class SpecOverrideForbidden(Forbidden):
     code = "spec_override_forbidden"
 
 
+class PriorityForbidden(Forbidden):
+    """A member queued a deployment with priority high, or changed a waiting run's priority: both need the org
+    admin role."""
+
+    code = "priority_forbidden"
+
+
 class RunBinding(Forbidden):
     """A runner token used on another run's or another runner's path (the run binding)."""
 
@@ -263,6 +270,13 @@ class StackBusy(Conflict):
     finish first."""
 
     code = "stack_busy"
+
+
+class RunNotWaiting(Conflict):
+    """A change of priority for a run no longer waiting for a runner (claimed, running or finished): its place in
+    the queue is behind it."""
+
+    code = "run_not_waiting"
 
 
 class StackArchived(Conflict):

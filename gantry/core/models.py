@@ -42,6 +42,28 @@ class DeploymentStatus(models.TextChoices):
     SKIPPED = "skipped"
 
 
+class Priority(models.IntegerChoices):
+    """A run's priority: higher goes first in the claim, and a waiting run ages upwards (docs/queue.md).
+
+    Stored as a smallint so the claim's index orders by it; the API and the
+    pages speak the labels. ``gantry.sql.claim.effective_priority`` is the one
+    place that says how a waiting run ages.
+    """
+
+    LOW = 0, "low"
+    NORMAL = 1, "normal"
+    HIGH = 2, "high"
+
+    @classmethod
+    def named(cls, name: str) -> Priority | None:
+        """The priority called ``name`` (``low``, ``normal``, ``high``), or None."""
+        return next((p for p in cls if p.label == name), None)
+
+
+# The names the API and the pages speak, lowest first.
+PRIORITY_NAMES: tuple[str, ...] = tuple(p.label for p in Priority)
+
+
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
     PENDING = "pending"
@@ -81,6 +103,8 @@ NEVER_STARTED = frozenset({RunStatus.QUEUED, RunStatus.PENDING, RunStatus.ASSIGN
 STOPPING = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 # The runs the queue page lists as waiting: never started (the same set, named for its use).
 WAITING = NEVER_STARTED
+# Waiting and not claimed: a run whose priority may still change (docs/queue.md).
+UNCLAIMED = frozenset({RunStatus.QUEUED, RunStatus.PENDING})
 
 # Runner states before its accept: the claim's stub, and the runner booted from
 # it (the stub reaper's partial index, runner_stub_created_idx).
@@ -279,6 +303,10 @@ class Stack(models.Model):
     # The default spec of the stack's deployments; null when deployments must bring their own.
     spec = models.JSONField(null=True, blank=True)
     secrets = models.JSONField(default=dict, blank=True)
+    # The priority of a deployment that names none (docs/queue.md).
+    default_priority = models.SmallIntegerField(
+        choices=Priority.choices, default=Priority.NORMAL, db_default=Priority.NORMAL
+    )
     created_at = models.DateTimeField(db_default=Now())
     # Set once by services.stack_archive: the stack leaves lists and takes no
     # deployment; its history stays readable. Never cleared (no unarchive).
@@ -348,6 +376,8 @@ class Run(models.Model):
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="runs", db_index=False)
     attempt = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=32, choices=RunStatus.choices)
+    # Its place in the claim's order (docs/queue.md); a retry keeps it, an admin may change it while it waits.
+    priority = models.SmallIntegerField(choices=Priority.choices, default=Priority.NORMAL, db_default=Priority.NORMAL)
     runner_selector = models.JSONField(default=dict)
     selector = models.ForeignKey(RunSelector, on_delete=models.PROTECT, related_name="runs")
     # The one binding between a runner and its run. The database constraint is
@@ -387,13 +417,15 @@ class Run(models.Model):
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
         ]
         indexes = [
-            # The claim: one index head per (org, selector), oldest first. It
-            # holds exactly the claimable runs: pending and bound to no live
-            # runner (the FK nulls the pointer when the runner row goes).
+            # The claim: one index head per (org, selector, priority), oldest
+            # first (within one priority the oldest also has aged the most, so
+            # each head is that slice's first in the claim's order). It holds
+            # exactly the claimable runs: pending and bound to no live runner
+            # (the FK nulls the pointer when the runner row goes).
             models.Index(
-                fields=["organization", "selector", "first_pending_at", "id"],
+                fields=["organization", "selector", "priority", "first_pending_at", "id"],
                 condition=Q(status=RunStatus.PENDING, assigned_runner__isnull=True),
-                name="run_claimable_idx",
+                name="run_claim_order_idx",
             ),
             # PromoteNextOnStack: the oldest queued run of a stack.
             models.Index(

@@ -1,7 +1,7 @@
 """The backend dispatcher's candidate query (docs/design.md: ListDispatchCandidates) and the per-org in-flight cap.
 
 One statement lists a bounded batch of pending runs that github_actions
-groups could take now, oldest first:
+groups could take now, in the claim's order (priority, aged, then oldest):
 
 - orgs whose ``dispatch_throttled_until`` is in the future are skipped whole
   (the throttle's deferral: a throttled run rolls back to pending and frees
@@ -20,7 +20,7 @@ groups could take now, oldest first:
 
 The runs are found the claim's way, never by scanning the backlog: per
 servable group, its org's distinct selectors contained in the group's labels,
-then one probe of ``run_claimable_idx`` per selector, taking no more than the
+then one probe of ``run_claim_order_idx`` per selector and priority, taking no more than the
 org's room. Each candidate carries the groups that can take it; the
 dispatcher then claims through ``claim.claim`` (which re-checks everything
 under its locks), so a candidate that went stale costs one empty claim.
@@ -48,8 +48,10 @@ class Candidate:
 
 
 def list_candidates(*, now: datetime, limit: int) -> list[Candidate]:
-    """The tick's candidates: at most ``limit``, oldest first, each org within its room."""
-    params: dict[str, Any] = {"now": now, "batch": limit, "max_per_org": conf.get().dispatch_max_per_org}
+    """The tick's candidates: at most ``limit``, in the claim's order, each org within its room."""
+    cfg = conf.get()
+    params: dict[str, Any] = {"now": now, "batch": limit, "max_per_org": cfg.dispatch_max_per_org,
+                              "aging": cfg.priority_aging_seconds}  # fmt: skip
     with connection.cursor() as cur:
         cur.execute(sql.CANDIDATES, params)
         rows = cur.fetchall()

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from gantry import conf, metrics
 from gantry.core import tokens
-from gantry.core.models import Organization, RunnerGroup
+from gantry.core.models import Organization, Priority, RunnerGroup
 from gantry.dispatch import throttle
 from gantry.sql.claim import CLAIM, STAMP_THROTTLED
 from gantry.sql.statement import Rows, Script, Statement, end, run_script
@@ -317,7 +317,7 @@ def claim(
     runner_id = uuid.uuid4()
     expires = now + timedelta(seconds=conf.get().assignment_ttl)
     args = {"now": now, "grp": group.id, "org": group.organization_id, "runner": runner_id, "expires": expires,
-            "version": None, "rate": None}  # fmt: skip
+            "version": None, "rate": None, "aging": conf.get().priority_aging_seconds}  # fmt: skip
     db = connections[DEFAULT_DB_ALIAS]
     # A request (the poll) runs in autocommit: the claim opens and ends its own
     # transaction. Anyone already inside a transaction gets a savepoint.
@@ -335,8 +335,12 @@ def claim(
         return None  # no run, or lost the race: Redis was never asked
     throttle.record(outcome)
     if row[2] is not None:
-        metrics.record_run(
-            organization_id=group.organization_id, timings={"pending_to_claimed": (now - row[2]).total_seconds()}
+        metrics.record_claim(
+            organization_id=group.organization_id,
+            group_id=group.id,
+            priority=Priority(row[3]).label,
+            waited=(now - row[2]).total_seconds(),
+            at=now.timestamp(),
         )
     return Claim(
         run_id=row[0],

@@ -12,7 +12,7 @@ is bounded whatever the backlog:
 
 - the groups and the selectors each serves (``queue.group_facts``);
 - per selector, the pending runs no runner holds, counted over at most
-  :data:`COUNT_CAP` rows of ``run_claimable_idx``;
+  :data:`COUNT_CAP` rows of ``run_claim_order_idx``;
 - per org, queued and assigned runs, each counted over at most
   :data:`COUNT_CAP` rows of ``run_waiting_idx``, and pending runs still pointing
   at a runner, counted from the (small) runner table;

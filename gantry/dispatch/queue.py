@@ -43,7 +43,7 @@ from django.db import connection
 from gantry import conf
 from gantry.core import params, words
 from gantry.core.errors import InvalidRequest
-from gantry.core.models import RUNNER_NOT_ACCEPTED, GroupKind, Organization, RunStatus
+from gantry.core.models import RUNNER_NOT_ACCEPTED, GroupKind, Organization, Priority, RunStatus
 from gantry.dispatch import throttle
 from gantry.dispatch.candidates import InFlight, org_in_flight
 from gantry.sql import queue as sql
@@ -98,6 +98,7 @@ class WaitingRun:
     runner_created_at: datetime | None
     runner_last_seen: datetime | None
     lane_holder_run_id: uuid.UUID | None
+    priority: int = Priority.NORMAL
 
 
 @dataclass
@@ -472,6 +473,7 @@ def _read_waiting(statement: str, params: dict[str, Any]) -> list[WaitingRun]:
             runner_created_at=r[12],
             runner_last_seen=r[13],
             lane_holder_run_id=r[14],
+            priority=r[15],
         )
         for r in rows
     ]

@@ -11,10 +11,17 @@ stamp and the stub in its slot count.
 Why it stays flat at any backlog (docs/performance.md): it never reads a run
 the group cannot take. ``run_selector`` holds an org's *distinct* selectors,
 so ``selector <@ labels`` runs over a handful of rows; each matching selector
-is then one probe of the partial index ``run_claimable_idx`` on
-(organization, selector, first_pending_at, id) WHERE status = 'pending' AND
-assigned_runner_id IS NULL, taking its oldest :data:`CANDIDATES_PER_SELECTOR`
-runs. Their union is small; the oldest unlocked one wins.
+is then one probe per priority of the partial index ``run_claim_order_idx``
+on (organization, selector, priority, first_pending_at, id) WHERE status =
+'pending' AND assigned_runner_id IS NULL, each taking its oldest
+:data:`CANDIDATES_PER_SELECTOR` runs. Their union is small; the first
+unlocked one in the claim's order (:func:`claim_order`) wins.
+
+Why three probes find the claim's first run: within one (selector, priority)
+slice the oldest run has also aged the most, so the slice's order by age is
+its order in the claim (:func:`effective_priority` never ranks a younger run
+of a slice above an older one). The first run overall is therefore the head
+of some slice.
 
 Why ``assigned_runner_id IS NULL`` is the whole "names a live runner" test:
 the pointer's foreign key is ON DELETE SET NULL, so a non-null pointer always
@@ -40,7 +47,7 @@ another poll is claiming.
 
 from __future__ import annotations
 
-from gantry.core.models import GroupKind, RunnerStatus, RunStatus
+from gantry.core.models import GroupKind, Priority, RunnerStatus, RunStatus
 from gantry.sql.runs import ASSIGN, effects, set_clause
 from gantry.sql.statement import named
 
@@ -55,7 +62,7 @@ from gantry.sql.statement import named
 def claimable(run: str) -> str:
     """SQL: the run (alias ``run``) is claimable: pending and bound to no live runner.
 
-    Written as run_claimable_idx's own predicate (the status one literal), so
+    Written as run_claim_order_idx's own predicate (the status one literal), so
     a probe by (organization, selector) uses that partial index.
     """
     return f"{run}.status = '{RunStatus.PENDING}' AND {run}.assigned_runner_id IS NULL"
@@ -80,14 +87,40 @@ def serves(selector: str, *, labels: str, group_id: str, default_group: str) -> 
     )
 
 
-# Candidates read per matching selector. With k concurrent pollers on one
+# ---------------------------------------------------------------- the claim's order, written once
+#
+# Higher effective priority first, then the longest pending, then the id. The
+# claim, the backend dispatcher's candidates and the queue's positions all
+# order by :func:`claim_order`, so what the queue page says is next is what
+# the next poll takes.
+
+# The index's priority slices, each probed on its own (the highest first).
+PRIORITY_LEVELS = f"(VALUES {', '.join(f'({p})' for p in sorted(Priority.values, reverse=True))}) AS lvl(priority)"
+
+
+def effective_priority(run: str, *, now: str = "%(now)s", aging: str = "%(aging)s") -> str:
+    """SQL: the run's (alias ``run``) priority as the claim ranks it: its own, one level higher for every
+    ``aging`` seconds it has been pending, and never above high (docs/queue.md, "Aging").
+
+    A run pending since after ``now`` (a clock a little ahead) has not aged, rather than aged backwards.
+    """
+    waited = f"GREATEST(0, floor(extract(epoch FROM ({now} - {run}.first_pending_at)) / {aging}))"
+    return f"LEAST({int(Priority.HIGH)}, {run}.priority + {waited}::integer)"
+
+
+def claim_order(run: str, *, now: str = "%(now)s", aging: str = "%(aging)s") -> str:
+    """SQL: an ORDER BY list putting the runs (alias ``run``) in the claim's order."""
+    return f"{effective_priority(run, now=now, aging=aging)} DESC, {run}.first_pending_at, {run}.id"
+
+
+# Candidates read per matching selector and priority. With k concurrent pollers on one
 # selector, a top-1 probe answers empty while work exists most of the time
 # (each poller sees the same locked head); 32 measured no false empties at 8
 # pollers. A literal, not a parameter, so the plan never depends on it.
 CANDIDATES_PER_SELECTOR = 32
 
 # Parameters: now, grp (the group), org (its organization), runner (the stub's
-# id), expires (the lease's end); version and rate, NULL unless the caller
+# id), expires (the lease's end), aging (GANTRY_PRIORITY_AGING_SECONDS); version and rate, NULL unless the caller
 # asks the statement to judge the group's token version and the org's rate
 # itself (a claim whose throttle token was taken ahead, gantry.dispatch.claim).
 CLAIM = named(
@@ -127,23 +160,26 @@ sel AS (
       AND {serves("s", labels="e.labels", group_id="e.id", default_group="o.default_runner_group_id")}
 ),
 candidate AS (
-    -- first_pending_at comes out of the index with the id, so the candidates
-    -- are ordered before they touch the run table.
-    SELECT c.id, c.first_pending_at FROM sel CROSS JOIN LATERAL (
-        SELECT r.id, r.first_pending_at FROM run r
-        WHERE r.organization_id = %(org)s::bigint AND r.selector_id = sel.id AND {claimable("r")}
+    -- One probe per (selector, priority) slice. priority and first_pending_at
+    -- come out of the index with the id, so the candidates are ordered
+    -- before they touch the run table.
+    SELECT c.id, c.priority, c.first_pending_at FROM sel CROSS JOIN {PRIORITY_LEVELS} CROSS JOIN LATERAL (
+        SELECT r.id, r.priority, r.first_pending_at FROM run r
+        WHERE r.organization_id = %(org)s::bigint AND r.selector_id = sel.id AND r.priority = lvl.priority
+          AND {claimable("r")}
         ORDER BY r.first_pending_at, r.id
         LIMIT {CANDIDATES_PER_SELECTOR}
     ) c
 ),
 picked AS (
-    -- Oldest candidate first, one run row at a time, stopping at the first
-    -- row it can lock (one primary-key probe, not one per candidate). The
-    -- edge's own checks, on the locked row version: a run claimed meanwhile drops out.
-    SELECT run.id FROM (SELECT id, first_pending_at FROM candidate ORDER BY first_pending_at, id) c
+    -- The first candidate in the claim's order, one run row at a time,
+    -- stopping at the first row it can lock (one primary-key probe, not one
+    -- per candidate). The edge's own checks, on the locked row version: a
+    -- run claimed meanwhile drops out.
+    SELECT run.id FROM (SELECT * FROM candidate c ORDER BY {claim_order("c")}) c
     JOIN run ON run.id = c.id
     WHERE {ASSIGN.status_check} AND {" AND ".join(g.sql for g in ASSIGN.guards)}
-    ORDER BY c.first_pending_at, c.id
+    ORDER BY {claim_order("c")}
     LIMIT 1
     FOR UPDATE OF run SKIP LOCKED
 ),
@@ -161,7 +197,7 @@ moved AS (
     FROM picked, v
     WHERE run.id = picked.id
     RETURNING run.id, run.stack_id, run.deployment_id, run.attempt, run.status, run.assigned_runner_id,
-              run.first_pending_at
+              run.first_pending_at, run.priority
 ),
 {", ".join(effects(ASSIGN))},
 stamp AS (
@@ -172,8 +208,8 @@ stamp AS (
     WHERE id = %(grp)s::bigint AND EXISTS (SELECT 1 FROM held)
 )
 -- The rate comes back with the run: the throttle needs it, and reading it here
--- costs no round trip. first_pending_at: for the pending -> claimed histogram.
-SELECT moved.id, o.runs_per_hour_limit, moved.first_pending_at
+-- costs no round trip. first_pending_at and priority: for the wait histograms.
+SELECT moved.id, o.runs_per_hour_limit, moved.first_pending_at, moved.priority
 FROM moved JOIN organization o ON o.id = %(org)s::bigint
 """,
 )

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from gantry.core.models import RUNNER_NOT_ACCEPTED, STOPPING, GroupKind, RunnerStatus
 from gantry.sql import literals
-from gantry.sql.claim import claimable, has_room, serves
+from gantry.sql.claim import PRIORITY_LEVELS, claim_order, claimable, has_room, serves
 from gantry.sql.runners import holds_run
 
 _GITHUB = f"'{GroupKind.GITHUB_ACTIONS}'"
 
 # ---------------------------------------------------------------- candidates (gantry.dispatch.candidates)
 
-# A bounded batch of pending runs github_actions groups could take now, oldest
-# first, each org within its room (the module docstring of
+# A bounded batch of pending runs github_actions groups could take now, in the
+# claim's order (gantry.sql.claim.claim_order), each org within its room (the module docstring of
 # gantry.dispatch.candidates says why each clause is there). The runs are found
 # the claim's way, by the claim's rules (gantry.sql.claim): one probe of
-# run_claimable_idx per servable selector.
+# run_claim_order_idx per servable selector and priority.
 CANDIDATES = f"""
 WITH org_load AS (
     -- In flight: every runner row of the org's github_actions groups, drained or full ones too.
@@ -42,24 +42,28 @@ grp AS (
       AND l.in_flight < l.cap
 ),
 cand AS (
-    SELECT c.id, c.first_pending_at, grp.organization_id, grp.room, array_agg(grp.id ORDER BY grp.id) AS groups
+    -- Per (selector, priority) slice its first runs in the claim's order (its oldest), as the claim probes.
+    SELECT c.id, c.priority, c.first_pending_at, grp.organization_id, grp.room,
+           array_agg(grp.id ORDER BY grp.id) AS groups
     FROM grp
     JOIN run_selector s ON s.organization_id = grp.organization_id
         AND {serves("s", labels="grp.labels", group_id="grp.id", default_group="grp.default_runner_group_id")}
+    CROSS JOIN {PRIORITY_LEVELS}
     CROSS JOIN LATERAL (
-        SELECT r.id, r.first_pending_at FROM run r
-        WHERE r.organization_id = grp.organization_id AND r.selector_id = s.id AND {claimable("r")}
+        SELECT r.id, r.priority, r.first_pending_at FROM run r
+        WHERE r.organization_id = grp.organization_id AND r.selector_id = s.id AND r.priority = lvl.priority
+          AND {claimable("r")}
         ORDER BY r.first_pending_at, r.id
         LIMIT grp.take
     ) c
-    GROUP BY c.id, c.first_pending_at, grp.organization_id, grp.room
+    GROUP BY c.id, c.priority, c.first_pending_at, grp.organization_id, grp.room
 ),
 ranked AS (
-    SELECT cand.*, row_number() OVER (PARTITION BY organization_id ORDER BY first_pending_at, id) AS n FROM cand
+    SELECT cand.*, row_number() OVER (PARTITION BY organization_id ORDER BY {claim_order("cand")}) AS n FROM cand
 )
-SELECT id, organization_id, groups, first_pending_at FROM ranked
+SELECT id, organization_id, groups, first_pending_at FROM ranked r
 WHERE n <= room
-ORDER BY first_pending_at, id
+ORDER BY {claim_order("r")}
 LIMIT %(batch)s
 """
 

@@ -48,7 +48,8 @@ SELECT r.id, r.status, r.stack_id, st.name, r.deployment_id, r.created_at, r.fir
        ru.status, ru.created_at, COALESCE(ru.last_seen_at, ru.accepted_at),
        CASE WHEN r.status = '{RunStatus.QUEUED}' THEN (
            SELECT h.id FROM run h WHERE h.stack_id = r.stack_id AND h.status IN ({literals(LANE_HOLDERS)})
-       ) END
+       ) END,
+       r.priority
 FROM page p
 JOIN run r ON r.id = p.id
 JOIN stack st ON st.id = r.stack_id
@@ -94,7 +95,7 @@ COUNT_CAP = 10_000
 
 def _unbound_pending(and_selector: str) -> str:
     # Per selector, the pending runs no runner holds, counted over at most
-    # COUNT_CAP rows of run_claimable_idx: its predicate, with the status as
+    # COUNT_CAP rows of run_claim_order_idx: its predicate, with the status as
     # one literal so the planner matches it.
     return f"""
 SELECT s.id, s.organization_id, s.selector, c.n FROM run_selector s

@@ -118,6 +118,7 @@ TYPES = {
     "group": "bigint",
     "stale": "timestamptz",
     "limit": "integer",
+    "aging": "integer",
 }
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")

@@ -82,4 +82,4 @@ def test_a_deployment_lists_every_attempt(teammate_api: APIClient, stack: Stack,
         (str(failed.id), 1, "failure"),
         (str(retry.id), 2, "pending"),
     ]
-    assert body["run"] == {"id": str(retry.id), "status": "pending"}
+    assert body["run"] == {"id": str(retry.id), "status": "pending", "priority": "normal"}

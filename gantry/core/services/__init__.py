@@ -71,6 +71,7 @@ from gantry.core.services.runs import (
     run_finish,
     run_request_cancellation,
     run_reset_lease,
+    run_set_priority,
     run_startup_timeout,
 )
 from gantry.core.services.tenancy import (
@@ -134,6 +135,7 @@ __all__ = [
     "run_finish",
     "run_request_cancellation",
     "run_reset_lease",
+    "run_set_priority",
     "run_startup_timeout",
     "runner_deregister",
     "runner_fail_lost",

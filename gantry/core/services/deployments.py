@@ -36,10 +36,14 @@ def deployment_create(
     *,
     stack: Stack,
     spec: dict[str, Any] | None = None,
+    priority: int | None = None,
     created_by: User | None = None,
     now: datetime | None = None,
 ) -> Deployment:
-    """Queue a deployment: its run is pending when the stack's lane is free, else queued."""
+    """Queue a deployment: its run is pending when the stack's lane is free, else queued.
+
+    Its run has ``priority``, else the stack's ``default_priority`` (who may ask for which is the caller's check).
+    """
     now = resolve_now(now)
     if spec is None:
         if not stack.spec:
@@ -51,7 +55,13 @@ def deployment_create(
         deployment = Deployment.objects.create(
             stack=stack, spec=clean, created_by=created_by, created_at=now, updated_at=now
         )
-        run_create_on_lane(deployment=deployment, stack=stack, attempt=1, now=now)
+        run_create_on_lane(
+            deployment=deployment,
+            stack=stack,
+            attempt=1,
+            now=now,
+            priority=stack.default_priority if priority is None else priority,
+        )
     deployment.refresh_from_db()
     return deployment
 
@@ -115,8 +125,14 @@ def deployment_retry(*, deployment_id: int, by: User | None = None, now: datetim
         # One transition, one event: the retry's origin goes into its "created" event
         # (it used to be a second, separate "retry_of" event on the same run).
         retry_detail = {"retry_of": str(run.id), **({"by": by.get_username()} if by else {})}
+        # The new attempt keeps the priority its deployment's last run had (an admin's change included).
         run_create_on_lane(
-            deployment=deployment, stack=deployment.stack, attempt=run.attempt + 1, now=now, detail=retry_detail
+            deployment=deployment,
+            stack=deployment.stack,
+            attempt=run.attempt + 1,
+            now=now,
+            priority=run.priority,
+            detail=retry_detail,
         )
     deployment.refresh_from_db()
     return deployment

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import transaction
 
 from gantry import conf, metrics
 from gantry.core import secrets as stack_secrets
@@ -33,6 +34,7 @@ from gantry.core.errors import (
     InvalidTransition,
     NotFound,
     RunAlreadyTerminal,
+    RunNotWaiting,
     RunTerminal,
 )
 from gantry.core.manifest import normalize_manifest
@@ -41,8 +43,11 @@ from gantry.core.models import (
     LANE_HOLDERS,
     NEVER_STARTED,
     TERMINAL,
+    UNCLAIMED,
     Deployment,
+    Priority,
     Run,
+    RunEvent,
     Runner,
     RunStatus,
     Stack,
@@ -308,6 +313,37 @@ def run_startup_timeout(*, run_id: uuid.UUID, now: datetime | None = None) -> Ru
     that accept. The caller (the startup-deadline reaper) judges the deadline.
     """
     return move(sql.STARTUP_TIMEOUT, run_id=run_id, now=resolve_now(now), deadline=None)
+
+
+def run_set_priority(
+    *, run_id: uuid.UUID, priority: Priority, by: User | None = None, now: datetime | None = None
+) -> Run:
+    """Change a waiting run's priority (queued, or pending and not claimed): its place in the claim's order.
+
+    Not a status change, so not a Move: the row is locked, judged and written,
+    with a ``priority_changed`` event naming both levels. A claim that locked
+    the run first has committed by the time our lock returns, and the run then
+    reads as assigned: refused (RunNotWaiting), nothing written. Setting the
+    priority it already has changes nothing and writes no event.
+    """
+    now = resolve_now(now)
+    with transaction.atomic():
+        run = Run.objects.select_for_update(no_key=True).filter(id=run_id).first()
+        if run is None:
+            raise NotFound("run not found")
+        if run.status not in UNCLAIMED:
+            raise RunNotWaiting(
+                f"the run is {run.status}: only a queued or pending run's priority can change", status=run.status
+            )
+        if run.priority != priority:
+            before = Priority(run.priority).label
+            Run.objects.filter(id=run.id).update(priority=priority, updated_at=now)
+            detail = {"from": before, "to": Priority(priority).label}
+            if by is not None:
+                detail["by"] = by.get_username()
+            RunEvent.objects.create(run_id=run.id, at=now, kind="priority_changed", detail=detail)
+            run.priority = priority
+    return run
 
 
 def run_request_cancellation(*, run_id: uuid.UUID, by: User | None = None, now: datetime | None = None) -> Run:

@@ -23,6 +23,7 @@ from gantry.core.models import (
     Invitation,
     Membership,
     Organization,
+    Priority,
     Role,
     Run,
     Runner,
@@ -264,7 +265,15 @@ def runner_group_archive(*, group: RunnerGroup, now: datetime | None = None) -> 
     return group
 
 
-def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any = None, secrets: Any = None) -> Stack:
+def stack_create(
+    *,
+    org: Organization,
+    name: str,
+    labels: Any = None,
+    spec: Any = None,
+    secrets: Any = None,
+    default_priority: int = Priority.NORMAL,
+) -> Stack:
     # Archived stacks keep their names but no longer hold them (the partial unique index).
     if Stack.objects.filter(organization=org, name__iexact=name, archived_at__isnull=True).exists():
         raise NameTaken(f"a stack named {name!r} exists in this organization (names ignore case)")
@@ -276,6 +285,7 @@ def stack_create(*, org: Organization, name: str, labels: Any = None, spec: Any 
         labels=specs.validate_stack_labels(labels or {}),
         spec=specs.validate_spec(spec) if spec is not None else None,
         secrets=stack_secrets.seal(specs.validate_secrets(secrets or {})),
+        default_priority=default_priority,
     )
 
 

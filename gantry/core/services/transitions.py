@@ -165,7 +165,13 @@ def selector_id_for(*, organization_id: int, selector: dict[str, Any]) -> int:
 
 
 def run_create_on_lane(
-    *, deployment: Deployment, stack: Stack, attempt: int, now: datetime, detail: dict[str, Any] | None = None
+    *,
+    deployment: Deployment,
+    stack: Stack,
+    attempt: int,
+    now: datetime,
+    priority: int,
+    detail: dict[str, Any] | None = None,
 ) -> Run:
     """Create a run on the stack's lane (the caller holds the stack lock): pending when the lane is free, else queued.
 
@@ -178,6 +184,7 @@ def run_create_on_lane(
         stack=stack,
         deployment=deployment,
         attempt=attempt,
+        priority=priority,
         status=RunStatus.QUEUED if lane_taken else RunStatus.PENDING,
         runner_selector=selector,
         selector_id=selector_id_for(organization_id=stack.organization_id, selector=selector),
