@@ -65,6 +65,12 @@ class QueueReasonSerializer(serializers.Serializer):
         help_text="groups_drained, org_in_flight_cap, groups_at_capacity, no_runner_polling, dispatchable: "
         "the groups concerned.",
     )
+    group_id = serializers.IntegerField(
+        required=False, help_text="behind_higher_priority: the group where the run stands best (its position_group)."
+    )
+    ahead_higher = serializers.IntegerField(
+        required=False, help_text="behind_higher_priority: the runs of a higher effective priority ahead of it there."
+    )
     in_flight = serializers.IntegerField(
         required=False, help_text="org_in_flight_cap: the org's runs in flight on its GitHub Actions groups."
     )
@@ -79,10 +85,34 @@ class QueueReasonSerializer(serializers.Serializer):
     )
 
 
+class PositionGroupSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+
+
 class QueueRunSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=[(s, s) for s in sorted(WAITING)])
     priority = PriorityField(help_text="The run's own priority (its effective one rises as it waits: docs/queue.md).")
+    effective_priority = PriorityField(
+        help_text="Its priority as the claim ranks it now: its own, one level higher per GANTRY_PRIORITY_AGING_SECONDS "
+        "pending, at most high."
+    )
+    position = serializers.IntegerField(
+        allow_null=True,
+        help_text="1-based place in the claim's order of position_group, among every claimable run that group "
+        "serves (any stack). Null when the run is not claimable now (queued, assigned, or held for a previous "
+        "runner), no undrained group can take it, or it is past the 10,000th.",
+    )
+    position_group = PositionGroupSerializer(
+        allow_null=True, help_text="The group where the run stands best (lowest position); null with position."
+    )
+    expected_start_seconds = serializers.IntegerField(
+        allow_null=True,
+        help_text="Estimated seconds until it starts, from its groups' hand-outs over the last "
+        "GANTRY_QUEUE_RATE_WINDOW seconds and their free slots (docs/queue.md). Null when no group handed out a "
+        "run in that window (no basis) or the run has no position.",
+    )
     stack_id = serializers.IntegerField()
     stack_name = serializers.CharField()
     deployment_id = serializers.IntegerField()
@@ -138,6 +168,14 @@ def queue_entry(entry: queue.QueueEntry) -> dict[str, Any]:
         "id": run.id,
         "status": run.status,
         "priority": run.priority,
+        "effective_priority": entry.effective_priority,
+        "position": entry.position,
+        "position_group": (
+            {"id": entry.position_group_id, "name": entry.position_group_name}
+            if entry.position_group_id is not None
+            else None
+        ),
+        "expected_start_seconds": entry.expected_start_seconds,
         "stack_id": run.stack_id,
         "stack_name": run.stack_name,
         "deployment_id": run.deployment_id,
@@ -153,7 +191,8 @@ class QueueView(UserView):
         parameters=_PAGING,
         responses={200: QueuePageSerializer, **user_errors(400, 401, 403, 404)},
         description="Every queued, pending and assigned run of the org, oldest first, each with the reason it is "
-        "not running yet (org member). The codes are a closed set, decided in ladder order (docs/queue.md).",
+        "not running yet, its place in the claim's order and its expected start (org member). The codes are a "
+        "closed set, decided in ladder order (docs/queue.md).",
     )
     def get(self, request: Request, org: str) -> Response:
         organization = org_for(request, org)

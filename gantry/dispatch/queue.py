@@ -17,13 +17,23 @@ The read is set-based, a fixed handful of statements whatever the backlog:
    (``gantry.sql.queue.groups``), matched in SQL by the claim's own rule
    (``selector <@ labels``; an empty selector only to the default group when
    the org has one);
-3. at most one peek at the org's token bucket (``throttle.budget``, Redis),
-   made only when some run reaches the ``org_throttled`` rung.
+3. the page's positions (``gantry.sql.queue.POSITIONS``), only when some run
+   of the page is claimable: for each such run, its rank in the claim's order
+   of every undrained group that serves it, and how many runs of a higher
+   effective priority are ahead of it there; each (selector, priority) slice
+   read from ``run_claim_order_idx`` at most ``POSITION_CAP`` runs deep;
+4. at most one peek at the org's token bucket (``throttle.budget``, Redis),
+   made only when some run reaches the ``org_throttled`` rung;
+5. at most one read of the groups' hand-out counts (``metrics.handouts``,
+   Redis), made only when some run has a position and its expected start is
+   asked for (``gantry.dispatch.estimate``).
 
-The claim (``gantry.dispatch.claim``) and this module write the matching rule
-separately; the two must stay in step, and the tests build each reason for
-real and check the claim agrees (a ``dispatchable`` run is the one the next
-poll takes, a ``no_matching_group`` one is never claimed).
+Matching (``serves``), claimability, the effective priority and the claim's
+order are the claim's own SQL (``gantry.sql.claim``), so a position is the
+claim's order; the tests drain a queue through the claim and check each step
+against the positions read before it, and build each reason for real and
+check the claim agrees (a ``dispatchable`` run is the one the next poll takes,
+a ``no_matching_group`` one is never claimed).
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from gantry import conf
 from gantry.core import params, words
 from gantry.core.errors import InvalidRequest
 from gantry.core.models import RUNNER_NOT_ACCEPTED, GroupKind, Organization, Priority, RunStatus
-from gantry.dispatch import throttle
+from gantry.dispatch import estimate, throttle
 from gantry.dispatch.candidates import InFlight, org_in_flight
 from gantry.sql import queue as sql
 
@@ -99,6 +109,19 @@ class WaitingRun:
     runner_last_seen: datetime | None
     lane_holder_run_id: uuid.UUID | None
     priority: int = Priority.NORMAL
+    # Its priority as the claim ranks it now (aged while pending: gantry.sql.claim.effective_priority).
+    effective_priority: int = Priority.NORMAL
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A claimable run's place in the claim's order of one group that could take it."""
+
+    group_id: int
+    # 1-based, among every claimable run the group serves.
+    position: int
+    # The runs ahead of it with a higher effective priority.
+    ahead_higher: int
 
 
 @dataclass
@@ -109,6 +132,18 @@ class OrgFacts:
     groups: list[GroupFacts]
     now: datetime
     stale_after: int = field(default_factory=lambda: conf.get().poll_stale_after)
+    # The claimable runs' places, by run (read_standings); a run absent has no position.
+    standings: dict[uuid.UUID, list[Standing]] = field(default_factory=dict)
+
+    @cached_property
+    def rates(self) -> dict[int, float]:
+        """Recent hand-outs per second of the groups any run stands in (one Redis call, only if asked)."""
+        ids = {st.group_id for places in self.standings.values() for st in places}
+        return estimate.rates(sorted(ids), now=self.now)
+
+    @cached_property
+    def by_id(self) -> dict[int, GroupFacts]:
+        return {g.id: g for g in self.groups}
 
     @cached_property
     def budget(self) -> throttle.Budget:
@@ -150,6 +185,22 @@ class Situation:
     @property
     def poll_cutoff(self) -> datetime:
         return self.org.now - timedelta(seconds=self.org.stale_after)
+
+    @cached_property
+    def standings(self) -> list[tuple[Standing, GroupFacts]]:
+        return [(st, self.org.by_id[st.group_id]) for st in self.org.standings.get(self.run.id, [])]
+
+    @cached_property
+    def best(self) -> tuple[Standing, GroupFacts] | None:
+        """Its place in the group where it stands best (lowest position; then the group's name, id)."""
+        return min(self.standings, key=lambda p: (p[0].position, p[1].name, p[1].id), default=None)
+
+    @cached_property
+    def expected_start_seconds(self) -> int | None:
+        if not self.standings:
+            return None
+        rates = self.org.rates
+        return estimate.expected_start_seconds((st.position, g.free_slots, rates.get(g.id)) for st, g in self.standings)
 
 
 Reason = dict[str, Any]
@@ -293,6 +344,23 @@ def org_in_flight_cap(s: Situation) -> Reason | None:
     }
 
 
+def behind_higher_priority(s: Situation) -> Reason | None:
+    # Only when no group would take it with a free slot now: then what it waits
+    # for is the higher-priority runs ahead of it where it stands best.
+    if s.best is None or any(st.position <= g.free_slots for st, g in s.standings):
+        return None
+    st, group = s.best
+    if st.ahead_higher == 0:
+        return None
+    return {
+        "detail": f"{words.plural(st.ahead_higher, 'run')} of higher priority "
+        f"{'is' if st.ahead_higher == 1 else 'are'} ahead of it for {group.name} "
+        f"({group.runner_count} of {words.plural(group.max_concurrent_runs, 'slot')} taken).",
+        "group_id": group.id,
+        "ahead_higher": st.ahead_higher,
+    }
+
+
 def groups_at_capacity(s: Situation) -> Reason | None:
     if s.with_free_slots:
         return None
@@ -321,7 +389,7 @@ def no_runner_polling(s: Situation) -> Reason | None:
 def dispatchable(s: Situation) -> Reason | None:
     groups = [g for g in s.with_free_slots if g.polled_since(s.poll_cutoff)]
     return {
-        "detail": f"Nothing holds it back: the next poll of {_names(groups)} takes it (oldest first).",
+        "detail": f"Nothing holds it back: the next poll of {_names(groups)} takes it (in priority order).",
         "group_ids": [g.id for g in groups],
     }
 
@@ -335,6 +403,7 @@ LADDER: list[tuple[str, Rung]] = [
     ("groups_drained", groups_drained),
     ("org_throttled", org_throttled),
     ("org_in_flight_cap", org_in_flight_cap),
+    ("behind_higher_priority", behind_higher_priority),
     ("groups_at_capacity", groups_at_capacity),
     ("no_runner_polling", no_runner_polling),
     ("dispatchable", dispatchable),
@@ -437,6 +506,15 @@ class QueueEntry:
     run: WaitingRun
     reason: Reason
     waiting_seconds: int
+    # 1-based place in the claim's order of the group where it stands best (null: not claimable now, no
+    # undrained group, or past POSITION_CAP), and that group.
+    position: int | None = None
+    position_group_id: int | None = None
+    position_group_name: str | None = None
+    # Its priority as the claim ranks it now (aged).
+    effective_priority: int = Priority.NORMAL
+    # gantry.dispatch.estimate; None without a position or without a basis.
+    expected_start_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -446,15 +524,17 @@ class QueuePage:
     org: OrgFacts
 
 
-def waiting_runs(*, organization_id: int, after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[WaitingRun]:
+def waiting_runs(
+    *, organization_id: int, after: tuple[datetime, uuid.UUID] | None, limit: int, now: datetime
+) -> list[WaitingRun]:
     after_at, after_id = after or _BEFORE_ALL
     params = {"org_id": organization_id, "after_at": after_at, "after_id": after_id, "limit": limit}
-    return _read_waiting(sql.WAITING_PAGE, params)
+    return _read_waiting(sql.WAITING_PAGE, params, now=now)
 
 
-def _read_waiting(statement: str, params: dict[str, Any]) -> list[WaitingRun]:
+def _read_waiting(statement: str, params: dict[str, Any], *, now: datetime) -> list[WaitingRun]:
     with connection.cursor() as cur:
-        cur.execute(statement, params)
+        cur.execute(statement, {**params, "now": now, "aging": conf.get().priority_aging_seconds})
         rows = cur.fetchall()
     return [
         WaitingRun(
@@ -474,36 +554,95 @@ def _read_waiting(statement: str, params: dict[str, Any]) -> list[WaitingRun]:
             runner_last_seen=r[13],
             lane_holder_run_id=r[14],
             priority=r[15],
+            effective_priority=r[16],
         )
         for r in rows
     ]
 
 
+def read_standings(
+    *, organization_id: int, runs: Sequence[WaitingRun], now: datetime
+) -> dict[uuid.UUID, list[Standing]]:
+    """The places of those ``runs`` that are claimable now (pending, no runner): one statement, none when no run
+    is claimable. A run further than ``sql.POSITION_CAP`` down every group's order has none."""
+    ids = [run.id for run in runs if run.status == RunStatus.PENDING and run.runner_id is None]
+    if not ids:
+        return {}
+    params: dict[str, Any] = {
+        "org": organization_id, "run_ids": ids, "now": now, "aging": conf.get().priority_aging_seconds
+    }  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute(sql.POSITIONS, params)
+        rows = cur.fetchall()
+    found: dict[uuid.UUID, list[Standing]] = {}
+    for run_id, group_id, position, ahead_higher in rows:
+        found.setdefault(run_id, []).append(Standing(group_id=group_id, position=position, ahead_higher=ahead_higher))
+    return found
+
+
+def _facts(org: Organization, runs: Sequence[WaitingRun], now: datetime) -> OrgFacts:
+    return OrgFacts(
+        org=org,
+        groups=group_facts(organization_id=org.id),
+        now=now,
+        standings=read_standings(organization_id=org.id, runs=runs, now=now),
+    )
+
+
+def _entry(run: WaitingRun, facts: OrgFacts) -> QueueEntry:
+    s = Situation(run=run, org=facts)
+    best = s.best
+    return QueueEntry(
+        run=run,
+        reason=reason_for(s),
+        waiting_seconds=max(0, int((facts.now - run.created_at).total_seconds())),
+        position=best[0].position if best else None,
+        position_group_id=best[1].id if best else None,
+        position_group_name=best[1].name if best else None,
+        effective_priority=run.effective_priority,
+        expected_start_seconds=s.expected_start_seconds,
+    )
+
+
 def read_queue(*, org: Organization, now: datetime, cursor: str | None = None, limit: int = PAGE_DEFAULT) -> QueuePage:
-    """A page of the org's waiting runs, oldest first, each with its reason (two statements, one Redis peek)."""
-    runs = waiting_runs(organization_id=org.id, after=decode_cursor(cursor), limit=limit)
-    facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
-    entries = [
-        QueueEntry(
-            run=run,
-            reason=reason_for(Situation(run=run, org=facts)),
-            waiting_seconds=max(0, int((now - run.created_at).total_seconds())),
-        )
-        for run in runs
-    ]
+    """A page of the org's waiting runs, oldest first, each with its reason, position and expected start
+    (three statements, at most two Redis calls: the module's docstring)."""
+    runs = waiting_runs(organization_id=org.id, after=decode_cursor(cursor), limit=limit, now=now)
+    facts = _facts(org, runs, now)
+    entries = [_entry(run, facts) for run in runs]
     last = runs[-1] if len(runs) == limit else None
     return QueuePage(entries=entries, next_cursor=encode_cursor(last.created_at, last.id) if last else None, org=facts)
 
 
-def reasons_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Reason]:
-    """The reasons of some of the org's runs (those still waiting): two statements, however many."""
-    runs = _read_waiting(sql.WAITING_RUNS, {"run_ids": list(run_ids)})
+def _runs_by_id(run_ids: Sequence[uuid.UUID], now: datetime) -> list[WaitingRun]:
+    return _read_waiting(sql.WAITING_RUNS, {"run_ids": list(run_ids)}, now=now)
+
+
+def entries_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, QueueEntry]:
+    """The queue entries of some of the org's runs (those still waiting): three statements, however many."""
+    runs = _runs_by_id(run_ids, now)
     if not runs:
         return {}
-    facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
-    return {run.id: reason_for(Situation(run=run, org=facts)) for run in runs if run.id in set(run_ids)}
+    facts = _facts(org, runs, now)
+    return {run.id: _entry(run, facts) for run in runs}
+
+
+def entry_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> QueueEntry | None:
+    """One run's entry (its page: reason, position, expected start), or None when it is not waiting."""
+    return entries_of_runs(org=org, run_ids=[run_id], now=now).get(run_id)
+
+
+def reasons_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Reason]:
+    """The reasons of some of the org's runs (those still waiting): three statements, however many; no
+    estimate, so no hand-out read."""
+    runs = _runs_by_id(run_ids, now)
+    if not runs:
+        return {}
+    facts = _facts(org, runs, now)
+    return {run.id: reason_for(Situation(run=run, org=facts)) for run in runs}
 
 
 def reason_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> Reason | None:
     """One run's reason (its page), or None when it is not waiting."""
-    return reasons_of_runs(org=org, run_ids=[run_id], now=now).get(run_id)
+    entry = entry_of_run(org=org, run_id=run_id, now=now)
+    return entry.reason if entry else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gantry.core.models import LANE_HOLDERS, RUNNER_BOUND, WAITING, RunStatus
 from gantry.sql import literals
-from gantry.sql.claim import claimable, serves
+from gantry.sql.claim import PRIORITY_LEVELS, claim_order, claimable, effective_priority, serves
 
 # ---------------------------------------------------------------- the waiting runs (gantry.dispatch.queue)
 
@@ -41,7 +41,9 @@ WITH page AS (
 )
 """
 # The page's runs joined with the stack, the selector, the runner a run points
-# at, and a queued run's lane holder (a probe of the one-lane-holder unique index).
+# at, and a queued run's lane holder (a probe of the one-lane-holder unique index);
+# last, the run's effective priority at %(now)s (the claim's rule; a run never
+# pending has not aged: its own).
 _WAITING = f"""
 SELECT r.id, r.status, r.stack_id, st.name, r.deployment_id, r.created_at, r.first_pending_at,
        r.selector_id, sel.selector, r.assigned_runner_id, r.assigned_expires_at,
@@ -49,7 +51,7 @@ SELECT r.id, r.status, r.stack_id, st.name, r.deployment_id, r.created_at, r.fir
        CASE WHEN r.status = '{RunStatus.QUEUED}' THEN (
            SELECT h.id FROM run h WHERE h.stack_id = r.stack_id AND h.status IN ({literals(LANE_HOLDERS)})
        ) END,
-       r.priority
+       r.priority, {effective_priority("r")}
 FROM page p
 JOIN run r ON r.id = p.id
 JOIN stack st ON st.id = r.stack_id
@@ -59,6 +61,67 @@ ORDER BY r.created_at, r.id
 """
 WAITING_PAGE = _PAGE_CTE + _WAITING
 WAITING_RUNS = _RUNS_CTE + _WAITING
+
+# ---------------------------------------------------------------- positions (gantry.dispatch.queue)
+
+# A run further down its group's order than this has no position: the read
+# stays bounded whatever the backlog. A literal in the statement.
+POSITION_CAP = 10_000
+
+# For the runs %(run_ids)s of the org %(org)s that are claimable now: each
+# undrained, unarchived group of the org that serves the run, the run's rank
+# (1-based) in the claim's order of all the claimable runs that group serves
+# (any stack, any selector), and how many of those ahead of it have a higher
+# effective priority (at %(now)s, aging %(aging)s). A run gets no row where its
+# rank passes POSITION_CAP, nor when it is not claimable.
+#
+# Why it is bounded: each (selector, priority) slice is read once, whatever
+# groups serve it, from run_claim_order_idx oldest first and at most
+# POSITION_CAP heads (the claim's probe, deeper). Within a slice oldest first
+# is the claim's order (gantry.sql.claim), so a group's first POSITION_CAP runs
+# are among its slices' first POSITION_CAP each.
+POSITIONS = f"""
+WITH page AS (
+    SELECT r.id, r.selector_id FROM run r
+    WHERE r.id = ANY(%(run_ids)s) AND r.organization_id = %(org)s AND {claimable("r")}
+),
+grp AS (
+    -- The groups that could take a page run.
+    SELECT DISTINCT g.id, g.labels, o.default_runner_group_id
+    FROM runner_group g
+    JOIN organization o ON o.id = g.organization_id
+    JOIN run_selector ps ON ps.id IN (SELECT selector_id FROM page)
+    WHERE g.organization_id = %(org)s AND g.archived_at IS NULL AND NOT g.drained
+      AND {serves("ps", labels="g.labels", group_id="g.id", default_group="o.default_runner_group_id")}
+),
+served AS (
+    -- Every selector each of them serves: its queue holds other selectors' runs too.
+    SELECT grp.id AS group_id, s.id AS selector_id FROM grp
+    JOIN run_selector s ON s.organization_id = %(org)s
+     AND {serves("s", labels="grp.labels", group_id="grp.id", default_group="grp.default_runner_group_id")}
+),
+head AS (
+    SELECT s.selector_id, c.id, c.priority, c.first_pending_at
+    FROM (SELECT DISTINCT selector_id FROM served) s CROSS JOIN {PRIORITY_LEVELS} CROSS JOIN LATERAL (
+        SELECT r.id, r.priority, r.first_pending_at FROM run r
+        WHERE r.organization_id = %(org)s AND r.selector_id = s.selector_id AND r.priority = lvl.priority
+          AND {claimable("r")}
+        ORDER BY r.first_pending_at, r.id
+        LIMIT {POSITION_CAP}
+    ) c
+),
+ranked AS (
+    -- The claim's order leads with the effective priority, so the runs of a
+    -- higher one ahead of a run are all the runs ranked above its priority.
+    SELECT served.group_id, h.id,
+           row_number() OVER (PARTITION BY served.group_id ORDER BY {claim_order("h")}) AS position,
+           rank() OVER (PARTITION BY served.group_id ORDER BY {effective_priority("h")} DESC) - 1 AS ahead_higher
+    FROM head h JOIN served ON served.selector_id = h.selector_id
+)
+SELECT ranked.id, ranked.group_id, ranked.position, ranked.ahead_higher
+FROM ranked JOIN page ON page.id = ranked.id
+WHERE ranked.position <= {POSITION_CAP}
+"""
 
 # The filters :func:`groups` may add, by the parameter each takes.
 _GROUP_FILTERS = {"org_id": "g.organization_id = %(org_id)s", "group_id": "g.id = %(group_id)s"}

@@ -30,6 +30,7 @@ def test_the_codes_are_the_documented_ladder() -> None:
         "groups_drained",
         "org_throttled",
         "org_in_flight_cap",
+        "behind_higher_priority",
         "groups_at_capacity",
         "no_runner_polling",
         "dispatchable",
