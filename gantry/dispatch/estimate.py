@@ -5,7 +5,8 @@ a position):
 
 - a group's **rate** is the runs it handed out (claims, recorded by
   ``gantry.metrics.record_claim`` in 10-second buckets) over the last
-  ``GANTRY_QUEUE_RATE_WINDOW`` seconds, divided by that window. A group that
+  ``GANTRY_QUEUE_RATE_WINDOW`` seconds, divided by that window (to the
+  bucket: from the start of the bucket the window begins in). A group that
   handed out nothing in the window, or whose count Redis cannot answer, has
   **no basis**: the past says nothing about when it takes the next run, and a
   guess is not presented as an estimate;
@@ -36,10 +37,14 @@ def rates(group_ids: Iterable[int], *, now: datetime) -> dict[int, float]:
     """
     window = conf.get().queue_rate_window
     until = now.timestamp()
-    counts = metrics.handouts(group_ids, since=until - window, until=until)
+    since = until - window
+    counts = metrics.handouts(group_ids, since=since, until=until)
     if counts is None:
         return {}
-    return {group_id: n / window for group_id, n in counts.items() if n > 0}
+    # The counts are whole buckets, from the start of the one holding ``since``: per second of what they cover
+    # (dividing by the window alone would count up to a bucket's hand-outs too many).
+    covered = until - since // metrics.HANDOUT_BUCKET * metrics.HANDOUT_BUCKET
+    return {group_id: n / covered for group_id, n in counts.items() if n > 0}
 
 
 def expected_start_seconds(places: Iterable[tuple[int, int, float | None]]) -> int | None:
