@@ -291,6 +291,7 @@ def test_dispatchable(teammate_api: APIClient, stack: Stack, group: RunnerGroup)
 
     assert reason["code"] == "dispatchable"
     assert reason["group_ids"] == [group.id]
+    assert reason["detail"] == "Nothing holds it back: the next poll of linux takes it (in priority order)."
     # The next poll takes exactly this run.
     claim = poll(group)
     assert claim is not None
