@@ -437,6 +437,13 @@ class QueueEntry:
     run: WaitingRun
     reason: Reason
     waiting_seconds: int
+    # The issue-25 contract (docs/briefs common.md): slice A computes these; defaulted here so the pages can be
+    # written against them before that merge. A None position/estimate means "not known", never a guess.
+    position: int | None = None
+    position_group_id: int | None = None
+    position_group_name: str | None = None
+    expected_start_seconds: int | None = None
+    effective_priority: int = Priority.NORMAL
 
 
 @dataclass(frozen=True)
@@ -507,3 +514,20 @@ def reasons_of_runs(*, org: Organization, run_ids: Sequence[uuid.UUID], now: dat
 def reason_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> Reason | None:
     """One run's reason (its page), or None when it is not waiting."""
     return reasons_of_runs(org=org, run_ids=[run_id], now=now).get(run_id)
+
+
+# STUB (slice B, until slice A's entry_of_run merges): the run's entry with its reason only; the position fields
+# keep their defaults. Slice A's version replaces this whole function.
+def entry_of_run(*, org: Organization, run_id: uuid.UUID, now: datetime) -> QueueEntry | None:
+    """One run's queue entry (its page), or None when it is not waiting."""
+    runs = [r for r in _read_waiting(sql.WAITING_RUNS, {"run_ids": [run_id]}) if r.id == run_id]
+    if not runs:
+        return None
+    run = runs[0]
+    facts = OrgFacts(org=org, groups=group_facts(organization_id=org.id), now=now)
+    return QueueEntry(
+        run=run,
+        reason=reason_for(Situation(run=run, org=facts)),
+        waiting_seconds=max(0, int((now - run.created_at).total_seconds())),
+        effective_priority=run.priority,
+    )
