@@ -16,7 +16,7 @@ from gantry.api.auth import IsSuperuser, IsUser, member_role
 from gantry.api.common import UserView, org_for, scoped, user_errors, user_of, validated
 from gantry.core import services
 from gantry.core.errors import PriorityForbidden, SpecOverrideForbidden
-from gantry.core.models import Deployment, Membership, Organization, Priority, Role, Run, RunnerGroup, Stack
+from gantry.core.models import Deployment, Membership, Organization, Role, Run, RunnerGroup, Stack
 
 # ---------------------------------------------------------------- orgs
 
@@ -380,9 +380,7 @@ class DeploymentListView(UserView):
             # The steps run with the stack's secrets in their environment: what
             # they run is the stack's (an admin's) to say, not any member's.
             raise SpecOverrideForbidden("only an org admin may queue a deployment with its own spec")
-        if data.get("priority") == Priority.HIGH and not admin:
-            # Going ahead of everyone's runs is the org's (an admin's) call: else every member's run would be high.
-            raise PriorityForbidden("only an org admin may queue a deployment with priority high")
+        services.check_queue_priority(data.get("priority"), admin=admin)
         deployment = services.deployment_create(
             stack=stack, spec=data.get("spec"), priority=data.get("priority"), created_by=user_of(request)
         )

@@ -1,4 +1,4 @@
-"""Durations and counts in words, for the pages: "58 min", not "3526 s"; "1 run", not "1 runs".
+"""Durations, counts and places in words, for the pages: "58 min", not "3526 s"; "1 run", not "1 runs"; "3rd".
 
 Plain functions (the template filters in ``gantry.web.templatetags.words``
 wrap them), so the API, the admin and messages can say things the same way.
@@ -34,3 +34,10 @@ def duration(seconds: float | None) -> str:
 def plural(n: int, word: str, plural_form: str | None = None) -> str:
     """'1 run', '0 runs', '2 runs'; ``plural_form`` for words that do not take an "s" ('1 entry', '3 entries')."""
     return f"{n} {word if n == 1 else (plural_form or word + 's')}"
+
+
+def ordinal(n: int) -> str:
+    """'1st', '2nd', '3rd', '4th', '11th', '12th', '13th', '21st', '112th': a place in line, for a person."""
+    # 11, 12 and 13 (and 111, 212, ...) take "th" whatever their last digit says.
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

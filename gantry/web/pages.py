@@ -38,13 +38,16 @@ from django.views.decorators.http import require_POST
 from gantry import conf
 from gantry.api.auth import member_role
 from gantry.core import params, services, words
-from gantry.core.errors import GantryError
+from gantry.core.errors import GantryError, InvalidRequest
 from gantry.core.models import (
     EXECUTING,
     NEVER_STARTED,
+    PRIORITY_NAMES,
     TERMINAL,
+    UNCLAIMED,
     GroupKind,
     Organization,
+    Priority,
     Role,
     Run,
     Runner,
@@ -118,6 +121,51 @@ def until(seconds: float) -> str:
     return words.duration(s if s < 120 else math.ceil(s / 60) * 60)
 
 
+# ---------------------------------------------------------------- priority and place
+
+
+def priority_facts(own: int, effective: int | None = None) -> dict[str, str | None]:
+    """A run's priority badge: its own level, and the level the claim ranks it at now when waiting raised it."""
+    aged_to = Priority(effective).label if effective is not None and effective > own else None
+    return {"name": Priority(own).label, "aged_to": aged_to}
+
+
+def place_line(entry: queue.QueueEntry | None) -> str | None:
+    """'3rd in line for linux · about 2 min': a waiting run's place and its estimate; None without a place.
+
+    The estimate is said only when the queue read had a basis for one
+    (``expected_start_seconds`` not None): no time is better than a guess
+    dressed as a fact. Zero means it goes with the next free slot: "next".
+    """
+    if entry is None or entry.position is None:
+        return None
+    line = f"{words.ordinal(entry.position)} in line"
+    if entry.position_group_name:
+        line += f" for {entry.position_group_name}"
+    seconds = entry.expected_start_seconds
+    if seconds is None:
+        return line
+    return f"{line} · {'next' if seconds == 0 else f'about {words.duration(seconds)}'}"
+
+
+def posted_priority(request: HttpRequest, field: str) -> Priority:
+    """A form's priority, by name; InvalidRequest (its detail the page's message) for anything else."""
+    priority = Priority.named(request.POST.get(field, ""))
+    if priority is None:
+        raise InvalidRequest(f"{field} must be one of: {', '.join(PRIORITY_NAMES)}", field=field)
+    return priority
+
+
+def waiting_row(entry: queue.QueueEntry) -> dict[str, Any]:
+    """What the queue page shows of a waiting run beyond its entry: its wait, priority badge and place."""
+    return {
+        "entry": entry,
+        "waited": words.duration(entry.waiting_seconds),
+        "priority": priority_facts(entry.run.priority, entry.effective_priority),
+        "place": place_line(entry),
+    }
+
+
 # ---------------------------------------------------------------- home
 
 
@@ -150,7 +198,7 @@ def queue_context(request: HttpRequest, org: Organization, role: str) -> dict[st
     keep_limit = {"limit": str(limit)} if request.GET.get("limit") else {}
     return {
         "budget": page.org.budget,
-        "waiting": [{"entry": e, "waited": words.duration(e.waiting_seconds)} for e in page.entries],
+        "waiting": [waiting_row(e) for e in page.entries],
         "more_waiting": page.next_cursor is not None,
         "paged": cursor is not None,
         "first_page_url": base + (f"?{urlencode(keep_limit)}" if keep_limit else ""),
@@ -251,12 +299,21 @@ def _runner_facts(run: Run, runner: Runner | None, role: str, now: datetime) -> 
     }
 
 
+def event_text(kind: str, detail: dict[str, Any]) -> str | None:
+    """An event said in a sentence where the key=value list would be cryptic; None keeps the list."""
+    if kind == "priority_changed":
+        by = f" by {detail['by']}" if detail.get("by") else ""
+        return f"priority {detail.get('from', '?')} → {detail.get('to', '?')}{by}"
+    return None
+
+
 def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
     now = timezone.now()
     events = [
         {
             "at": e.at,
             "kind": e.kind,
+            "text": event_text(e.kind, e.detail or {}),
             "detail": [
                 (k, v, k in RUN_ID_KEYS and isinstance(v, str) and _is_uuid(v)) for k, v in (e.detail or {}).items()
             ],
@@ -267,7 +324,7 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
         Run.objects.filter(deployment_id=run.deployment_id).order_by("attempt").only("id", "attempt", "status")
     )
     newest = attempts[-1].id == run.id if attempts else True
-    reason = queue.reason_of_run(org=run.organization, run_id=run.id, now=now)
+    entry = queue.entry_of_run(org=run.organization, run_id=run.id, now=now)
     # The runner it is bound to, while that row exists: its group, host, last contact, a workflow run's link.
     runner = (
         Runner.objects.select_related("runner_group").filter(id=run.assigned_runner_id).first()
@@ -283,7 +340,12 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
         "queued_by": run.deployment.created_by,
         "events": events,
         "attempts": attempts,
-        "reason": reason,
+        "reason": entry.reason if entry else None,
+        "priority": priority_facts(run.priority, entry.effective_priority if entry else None),
+        "place": place_line(entry),
+        # An admin may move a run that no claim has taken yet (the service decides again when pressed).
+        "can_set_priority": role == Role.ADMIN and run.status in UNCLAIMED,
+        "priority_names": PRIORITY_NAMES,
         "runner": runner,
         **_runner_facts(run, runner, role, now),
         "terminal": run.status in TERMINAL,
@@ -356,6 +418,22 @@ def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse
             f"Runner {runner_id} force-deleted; the run it was executing failed and its stack's queue moves on.",
         )
     raise Http404("no such action")
+
+
+@login_required
+@require_POST
+def run_priority(request: HttpRequest, pk: uuid.UUID) -> HttpResponse:
+    """Change a waiting run's priority (an org admin, as ``PATCH /api/v1/runs/{id}``); back to its page."""
+    run, role = _run_and_role(request, pk)
+    if role != Role.ADMIN:
+        raise PermissionDenied("changing a run's priority needs the org admin role")
+    back = reverse("web:run", kwargs={"pk": run.id})
+
+    def change() -> None:
+        # A run claimed (or finished) since the page was drawn is refused (run_not_waiting): nothing changes.
+        services.run_set_priority(run_id=run.id, priority=posted_priority(request, "priority"), by=_user(request))
+
+    return _act(request, back, change, f"Priority set to {request.POST.get('priority')}.")
 
 
 @login_required

@@ -24,13 +24,15 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from gantry import conf
 from gantry.api.auth import member_role
 from gantry.core import services, specs
 from gantry.core.errors import GantryError, InvalidRequest
-from gantry.core.models import TERMINAL, Deployment, Membership, Role, Run, RunStatus, Stack
+from gantry.core.models import PRIORITY_NAMES, TERMINAL, Deployment, Membership, Priority, Role, Run, RunStatus, Stack
+from gantry.core.services.deployments import may_queue_priority
 from gantry.core.words import duration
 from gantry.dispatch import queue
-from gantry.web.pages import _nav, _user, org_and_role
+from gantry.web.pages import _act, _nav, _user, org_and_role, posted_priority
 
 HISTORY_PAGE = 20
 # The finished runs an org admin may pick a spec from, on the stack page.
@@ -163,6 +165,27 @@ def spec_choices(stack: Stack) -> list[dict[str, Any]]:
     return [{"run": r, "current": same_spec(r.deployment.spec, stack)} for r in runs]
 
 
+@dataclass(frozen=True)
+class PriorityChoice:
+    value: str  # what the form posts: a priority's name, or "" for the stack's default
+    label: str
+    selected: bool
+
+
+def deploy_priorities(stack: Stack, *, admin: bool) -> list[PriorityChoice]:
+    """The deploy form's priorities: those the caller may queue (the API's rule), the stack's default selected.
+
+    A member on a stack whose default is high may still deploy at that
+    default (as the API's deployment that names no priority does): it is
+    offered as "" ("the stack's default"), never as a "high" they may not post.
+    """
+    default = stack.default_priority
+    choices = [PriorityChoice(p.label, p.label, p == default) for p in Priority if may_queue_priority(p, admin=admin)]
+    if not any(c.selected for c in choices):
+        choices.append(PriorityChoice("", f"{Priority(default).label} (the stack's default)", True))
+    return choices
+
+
 @login_required
 def stack_page(request: HttpRequest, pk: int) -> HttpResponse:
     stack, role = _stack_and_role(request, pk)
@@ -180,6 +203,10 @@ def stack_page(request: HttpRequest, pk: int) -> HttpResponse:
             .values_list("user__username", flat=True)
         ),
         "spec_choices": spec_choices(stack) if role == Role.ADMIN and stack.archived_at is None else [],
+        "priority_choices": deploy_priorities(stack, admin=role == Role.ADMIN),
+        "default_priority": Priority(stack.default_priority).label,
+        "priority_names": PRIORITY_NAMES,
+        "aging": duration(conf.get().priority_aging_seconds),
         "now": now,
     }
     try:
@@ -192,10 +219,17 @@ def stack_page(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "web/stack.html", context)
 
 
-def _deploy(request: HttpRequest, stack: Stack, spec: dict[str, Any] | None, back: str) -> HttpResponse:
-    """Queue the deployment; to the new run's page, or back with the refusal."""
+def _deploy(
+    request: HttpRequest, stack: Stack, spec: dict[str, Any] | None, back: str, priority: int | None, role: str
+) -> HttpResponse:
+    """Queue the deployment at ``priority`` (None: the stack's default); to its run's page, or back with the refusal.
+
+    Who may queue which priority is the API's rule (``check_queue_priority``): a member's forged "high" is refused
+    here with its message, and nothing is queued.
+    """
     try:
-        deployment = services.deployment_create(stack=stack, spec=spec, created_by=_user(request))
+        services.check_queue_priority(priority, admin=role == Role.ADMIN)
+        deployment = services.deployment_create(stack=stack, spec=spec, priority=priority, created_by=_user(request))
     except GantryError as exc:
         messages.error(request, exc.detail)
         return HttpResponseRedirect(back)
@@ -217,9 +251,15 @@ def deploy(request: HttpRequest, pk: int) -> HttpResponse:
     """Deploy the stack's own spec (a member), or an earlier run's (``spec_from_run``, an org admin)."""
     stack, role = _stack_and_role(request, pk)
     back = _back(request, stack)
+    try:
+        # Empty (or absent, as on the stacks list): the stack's default, as a deployment that names none.
+        priority = posted_priority(request, "priority") if request.POST.get("priority") else None
+    except InvalidRequest as exc:
+        messages.error(request, exc.detail)
+        return HttpResponseRedirect(back)
     spec_from_run = request.POST.get("spec_from_run", "")
     if not spec_from_run:
-        return _deploy(request, stack, None, back)
+        return _deploy(request, stack, None, back, priority, role)
     if role != Role.ADMIN:
         # As the API's spec_override_forbidden: the steps run with the stack's secrets.
         return HttpResponseForbidden("only an org admin may deploy an earlier run's spec")
@@ -232,7 +272,23 @@ def deploy(request: HttpRequest, pk: int) -> HttpResponse:
     if deployment is None:
         messages.error(request, "That run is not one of this stack's.")
         return HttpResponseRedirect(back)
-    return _deploy(request, stack, deployment.spec, back)
+    return _deploy(request, stack, deployment.spec, back, priority, role)
+
+
+@login_required
+@require_POST
+def set_default_priority(request: HttpRequest, pk: int) -> HttpResponse:
+    """The stack's ``default_priority`` (an org admin, as ``PATCH /api/v1/stacks/{id}``)."""
+    stack, role = _stack_and_role(request, pk)
+    if role != Role.ADMIN:
+        return HttpResponseForbidden("this needs the org admin role")
+    back = reverse("web:stack", kwargs={"pk": stack.id})
+
+    def change() -> None:
+        services.stack_update(stack=stack, default_priority=posted_priority(request, "default_priority"))
+
+    name = request.POST.get("default_priority")
+    return _act(request, back, change, f"Deployments of {stack.name} that name no priority now queue at {name}.")
 
 
 @login_required
@@ -269,6 +325,9 @@ def run_again_state(run: Run, is_admin: bool) -> RunAgain:
         return RunAgain(False, "")
     if run.stack.archived_at is not None:
         return RunAgain(False, "The stack is archived: it takes no new deployment.")
+    if not may_queue_priority(run.priority, admin=is_admin):
+        # Run again keeps the run's priority, and the one rule says who may queue it.
+        return RunAgain(False, f"This run was queued {Priority(run.priority).label}: only an org admin may queue that.")
     if same_spec(run.deployment.spec, run.stack) or is_admin:
         return RunAgain(True, "")
     why = "The stack's spec has changed since this run" if run.stack.spec else "The stack has no default spec"
@@ -278,7 +337,7 @@ def run_again_state(run: Run, is_admin: bool) -> RunAgain:
 @login_required
 @require_POST
 def run_again(request: HttpRequest, pk: uuid.UUID) -> HttpResponse:
-    """A new deployment of the run's stack with the run's spec (docs/queue.md, "Run again")."""
+    """A new deployment of the run's stack with the run's spec and priority (docs/queue.md, "Run again")."""
     run = Run.objects.select_related("organization", "stack", "deployment").filter(id=pk).first()
     role = member_role(_user(request), run.organization) if run is not None else None
     if run is None or role is None:
@@ -289,7 +348,7 @@ def run_again(request: HttpRequest, pk: uuid.UUID) -> HttpResponse:
         return HttpResponseRedirect(back)
     if same_spec(run.deployment.spec, run.stack):
         # The stack's own spec: any member may, as a Deploy of the stack.
-        return _deploy(request, run.stack, None, back)
+        return _deploy(request, run.stack, None, back, run.priority, role)
     if role != Role.ADMIN:
         return HttpResponseForbidden("the stack's spec has changed since this run: only an org admin may run it again")
-    return _deploy(request, run.stack, run.deployment.spec, back)
+    return _deploy(request, run.stack, run.deployment.spec, back, run.priority, role)

@@ -26,8 +26,9 @@ urlpatterns = [
     path("orgs/<slug:org>/runner-groups", pages.groups_page, name="groups"),
     path("runner-groups/<int:pk>/<str:action>", pages.group_action, name="group_action"),
     path("runs/<uuid:pk>", pages.run_page, name="run"),
-    # Before the generic run action route, which would take "run-again" as an action.
+    # Before the generic run action route, which would take "run-again" or "priority" as an action.
     path("runs/<uuid:pk>/run-again", stack_pages.run_again, name="run_again"),
+    path("runs/<uuid:pk>/priority", pages.run_priority, name="run_priority"),
     path("runs/<uuid:pk>/<str:action>", pages.run_action, name="run_action"),
     # Browsers ask for /favicon.ico whatever the page's <link rel=icon> says: send them to the SVG.
     path("favicon.ico", favicon, name="favicon"),
@@ -42,6 +43,7 @@ urlpatterns = [
     path("stacks/<int:pk>", stack_pages.stack_page, name="stack"),
     path("stacks/<int:pk>/deploy", stack_pages.deploy, name="stack_deploy"),
     path("stacks/<int:pk>/archive", stack_pages.archive, name="stack_archive"),
+    path("stacks/<int:pk>/default-priority", stack_pages.set_default_priority, name="stack_default_priority"),
     path("runner-groups/<int:pk>", group_pages.group_page, name="group"),
     path("orgs/<slug:org>/runner-groups/new", group_pages.group_create, name="group_create"),
     path(

@@ -23,6 +23,7 @@ on the event loop; the service of the same edge drives the same plan.
 
 from gantry.core.services.deployments import (
     RETRYABLE,
+    check_queue_priority,
     deployment_create,
     deployment_retry,
     deployment_skip,
@@ -103,6 +104,7 @@ __all__ = [
     "Refused",
     "accept_plan",
     "api_token_regenerate",
+    "check_queue_priority",
     "deployment_create",
     "deployment_retry",
     "deployment_skip",

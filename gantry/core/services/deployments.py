@@ -15,6 +15,7 @@ from gantry.core.errors import (
     NotFound,
     NotRetryable,
     NotSkippable,
+    PriorityForbidden,
     StackArchived,
     StackBusy,
 )
@@ -23,6 +24,7 @@ from gantry.core.models import (
     RUNNER_BOUND,
     TERMINAL,
     Deployment,
+    Priority,
     Run,
     RunStatus,
     Stack,
@@ -30,6 +32,21 @@ from gantry.core.models import (
 from gantry.core.services.runs import run_request_cancellation
 from gantry.core.services.transitions import detail_json, move, resolve_now, run_create_on_lane
 from gantry.sql import runs as sql
+
+
+def may_queue_priority(priority: int, *, admin: bool) -> bool:
+    """Whether a caller may queue a deployment at ``priority``: high only for an org admin.
+
+    Going ahead of everyone's runs is the org's (an admin's) call, else every
+    member's run would be high. The API and the pages ask this one rule.
+    """
+    return admin or priority != Priority.HIGH
+
+
+def check_queue_priority(priority: int | None, *, admin: bool) -> None:
+    """Refuse (403 ``priority_forbidden``) a priority the caller may not queue; None (the stack's default) passes."""
+    if priority is not None and not may_queue_priority(priority, admin=admin):
+        raise PriorityForbidden("only an org admin may queue a deployment with priority high")
 
 
 def deployment_create(

@@ -2,12 +2,27 @@
 (function () {
   "use strict";
 
+  // Whether a person has started filling in a form of the live part (a select moved, a field typed in): the
+  // swap would put the form back as it was drawn, so it waits until they send it or put it back.
+  function editing(el) {
+    var fields = el.querySelectorAll("select, input, textarea"), i, j, f;
+    for (i = 0; i < fields.length; i++) {
+      f = fields[i];
+      if (f.tagName === "SELECT") {
+        for (j = 0; j < f.options.length; j++) if (f.options[j].selected !== f.options[j].defaultSelected) return true;
+      } else if (f.type === "checkbox" || f.type === "radio") {
+        if (f.checked !== f.defaultChecked) return true;
+      } else if (f.type !== "hidden" && f.value !== f.defaultValue) return true;
+    }
+    return false;
+  }
+
   // <div data-live="URL" data-every="S">: fetch URL every S seconds and swap the contents in place.
   function live(el) {
     var every = Math.max(1, parseFloat(el.getAttribute("data-every") || "5")) * 1000;
     var busy = false;
     setInterval(function () {
-      if (busy || document.hidden) return;
+      if (busy || document.hidden || editing(el)) return;
       busy = true;
       fetch(el.getAttribute("data-live"), { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
         .then(function (r) { return r.ok ? r.text() : null; })
