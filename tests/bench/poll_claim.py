@@ -119,7 +119,7 @@ FLOOR_ROWS = 8
 SLICE = 1.0
 FLOOR_SLICE = 0.5
 
-TARGET_LATENCY_GROWTH = 1.5  # (i) p50 at the largest adversarial backlog ≤ 1.5 times p50 at the smallest
+TARGET_LATENCY_GROWTH = 1.3  # (i) p50 at the largest adversarial backlog ≤ 1.3 times p50 at the smallest (issue 25)
 TARGET_FLOOR_RATIO = 0.30  # (ii) single-poller claims/s ≥ 30% of the bare-UPDATE floor
 
 # --------------------------------------------------------------------------- setup
