@@ -63,8 +63,9 @@ What it does:
    statement (P3) — to size the choices docs/performance.md discusses.
 5. Prints the table, the three targets with PASS/FAIL, and EXPLAIN (ANALYZE,
    BUFFERS) of the claim's cached plan at the largest adversarial backlog
-   (rolled back), and the run indexes that plan reads (``run_claim_order_idx``
-   for the probes, ``run_pkey`` for the lock).
+   (rolled back), and how that plan reads the run table (the indexes, and
+   whether it scans it: ``run_claim_order_idx`` for the probes and
+   ``run_pkey`` for the lock are the intended plan).
 
 The run table is vacuumed before each rotation (as an autovacuum pass would);
 dead tuples made by the rotation's claims stay for the rest of it.
@@ -857,8 +858,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for title, lines in explains.items():
         print(f"\nEXPLAIN (ANALYZE, BUFFERS) at {max(args.sizes):,} adversarial, {title}, rolled back:")
         print("\n".join("  " + line for line in lines))
-        used = sorted(set(re.findall(r"using (\w+) on run\b", "\n".join(lines))))
-        print(f"  run indexes the plan reads: {', '.join(used) or 'none'}")
+        plan = "\n".join(lines)
+        used = sorted(set(re.findall(r"using (\w+) on run\b", plan)))
+        used += ["a sequential scan"] if re.search(r"Seq Scan on run\b", plan) else []
+        print(f"  how the plan reads run: {', '.join(used) or 'not at all'}")
     print(f"\nload average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
