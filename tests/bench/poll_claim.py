@@ -4,6 +4,7 @@ Usage (from the repository root, with the virtualenv)::
 
     python -m tests.bench.poll_claim [--sizes 1000,100000,1000000] [--seconds 10] [--pollers 1,8]
                                      [--shapes all,adversarial] [--matching-selectors 4] [--no-variants]
+                                     [--priorities single|mixed]
 
 ``DATABASE_URL`` names the database, exactly (default
 ``postgres://postgres@127.0.0.1:5432/gantry_bench``); it is created when missing
@@ -21,11 +22,20 @@ What it does:
    N pending runs, with set-based SQL (one INSERT ... SELECT over
    ``generate_series`` writes the stacks, deployments and runs; one stack and
    one deployment per run, because a stack holds at most one live run; run's
-   secondary indexes are dropped for the load and rebuilt once), then VACUUM
+   secondary indexes, ``run_claim_order_idx`` among them, are dropped for
+   the load and rebuilt once from their own definitions), then VACUUM
    ANALYZE. Shapes: ``all`` — every run matches the group;
    ``adversarial`` — the oldest 99% carry selectors the group lacks (16
    distinct ones), the newest 1% match. Matching runs are spread over
-   ``--matching-selectors`` selectors the group satisfies.
+   ``--matching-selectors`` selectors the group satisfies. Priorities
+   (``--priorities``): ``single`` — every run normal, one millisecond apart
+   from a day ago (all aged to high: one slice per selector holds the work);
+   ``mixed`` — low, normal, high by age rank modulo 3, in the matching pool
+   and in the non-matching 99% alike, and the matching pool's
+   ``first_pending_at`` spread evenly over the last three aging windows
+   (three times GANTRY_PRIORITY_AGING_SECONDS), so its oldest low runs rank high,
+   the next ones a level up, the newest as queued: every (selector,
+   priority) slice of ``run_claim_order_idx`` is probed and holds work.
 2. Claims through ``claim(group=...)`` with 1 and 8 concurrent pollers
    (threads, one Django connection each, all polling the case's one group),
    ``--seconds`` of timed claims per case, timing every call with
@@ -33,8 +43,9 @@ What it does:
    adversarial), so they run in batches of at most "matching runs left"
    attempts; between batches, outside the timed region, the group's stub
    runners are deleted and the claimed runs set back to pending
-   (``first_pending_at`` kept). Since a batch never attempts more claims than
-   there are matching runs, a ``None`` is an empty answer while work existed;
+   (``first_pending_at`` and ``priority`` kept). Since a batch never
+   attempts more claims than there are matching runs, a ``None`` is an empty
+   answer while work existed;
    each is confirmed by counting claimable matching runs and reported as a
    false empty.
 3. Measures the floor on the same database: ``UPDATE bench_floor SET n = n + 1
@@ -52,7 +63,9 @@ What it does:
    statement (P3) — to size the choices docs/performance.md discusses.
 5. Prints the table, the three targets with PASS/FAIL, and EXPLAIN (ANALYZE,
    BUFFERS) of the claim's cached plan at the largest adversarial backlog
-   (rolled back).
+   (rolled back), and how that plan reads the run table (the indexes, and
+   whether it scans it: ``run_claim_order_idx`` for the probes and
+   ``run_pkey`` for the lock are the intended plan).
 
 The run table is vacuumed before each rotation (as an autovacuum pass would);
 dead tuples made by the rotation's claims stay for the rest of it.
@@ -63,6 +76,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -93,6 +107,11 @@ MATCHING: list[dict[str, str]] = [
 # The adversarial backlog's selectors: none is contained in GROUP_LABELS.
 NON_MATCHING: list[dict[str, str]] = [{"os": "mac", "v": f"k{i}"} for i in range(16)]
 SHAPES = ("all", "adversarial")
+# --priorities: the pattern of run priorities (Priority values) the loader deals out by age rank.
+PRIORITY_PATTERNS: dict[str, list[int]] = {"single": [1], "mixed": [0, 1, 2]}
+# mixed: the matching pool's first_pending_at spans this many aging windows (GANTRY_PRIORITY_AGING_SECONDS),
+# so its oldest low runs rank high, its middle ones a level up, its newest as queued.
+AGING_WINDOWS_SPANNED = 3
 # A group that never fills: stub runners pile up (one per claim) during a round.
 HUGE_CAPACITY = 2_000_000_000
 BENCH_RUNS_PER_HOUR = 100_000_000
@@ -101,7 +120,7 @@ FLOOR_ROWS = 8
 SLICE = 1.0
 FLOOR_SLICE = 0.5
 
-TARGET_LATENCY_GROWTH = 1.5  # (i) p50 at the largest adversarial backlog ≤ 1.5 times p50 at the smallest
+TARGET_LATENCY_GROWTH = 1.3  # (i) p50 at the largest adversarial backlog ≤ 1.3 times p50 at the smallest (issue 25)
 TARGET_FLOOR_RATIO = 0.30  # (ii) single-poller claims/s ≥ 30% of the bare-UPDATE floor
 
 # --------------------------------------------------------------------------- setup
@@ -158,14 +177,20 @@ chosen AS (
     SELECT n.*, CASE
         WHEN n.g <= %(n_other)s THEN (%(other)s::bigint[])[1 + n.g %% cardinality(%(other)s::bigint[])]
         ELSE (%(match)s::bigint[])[1 + n.g %% cardinality(%(match)s::bigint[])]
-    END AS selector_id
+    END AS selector_id,
+    -- The priority pattern: every run normal, or low/normal/high by g %% 3
+    -- (coprime with the selector counts, so every (selector, priority) slice fills).
+    (%(levels)s::smallint[])[1 + n.g %% cardinality(%(levels)s::smallint[])] AS priority,
+    CASE
+        WHEN n.g <= %(n_other)s THEN %(base)s + n.g * interval '1 millisecond'
+        ELSE %(pool_base)s + (n.g - %(n_other)s) * %(pool_step)s::interval
+    END AS at
     FROM numbered n
 )
 INSERT INTO run (id, organization_id, stack_id, deployment_id, attempt, status, runner_selector, selector_id,
-                 first_pending_at, failure_reason, sealed_chunks, created_at, updated_at)
+                 priority, first_pending_at, failure_reason, sealed_chunks, created_at, updated_at)
 SELECT gen_random_uuid(), %(org)s, c.stack_id, c.deployment_id, 1, 'pending', rs.selector, rs.id,
-       %(base)s + c.g * interval '1 millisecond', '', 0,
-       %(base)s + c.g * interval '1 millisecond', %(base)s + c.g * interval '1 millisecond'
+       c.priority, c.at, '', 0, c.at, c.at
 FROM chosen c JOIN run_selector rs ON rs.id = c.selector_id
 ORDER BY c.g  -- heap order follows age, as a real queue's would
 """
@@ -184,10 +209,11 @@ def _vacuum(*tables: str) -> float:
     return time.perf_counter() - t0
 
 
-def load_case(size: int, shape: str, matching_selectors: int) -> Case:
+def load_case(size: int, shape: str, matching_selectors: int, priorities: str) -> Case:
     """Load ``size`` pending runs of ``shape`` for a fresh org with one polling group (inside load_all)."""
     from django.utils import timezone
 
+    from gantry import conf
     from gantry.core.models import Organization, RunnerGroup, RunSelector
 
     # A budget the bench never exhausts: claims go through the throttle (one
@@ -201,17 +227,31 @@ def load_case(size: int, shape: str, matching_selectors: int) -> Case:
     match = [RunSelector.objects.create(organization=org, selector=s).id for s in MATCHING[:matching_selectors]]
     other = [RunSelector.objects.create(organization=org, selector=s).id for s in NON_MATCHING]
     pool = size if shape == "all" else max(1, size // 100)
+    now = timezone.now()
+    base = now - timedelta(days=1)  # the non-matching runs (and, single, all): one millisecond apart from here
+    if priorities == "mixed":
+        # The pool spread evenly up to now over several aging windows: the claim's order mixes
+        # priority and age, and the runs keep aging (crossing levels) while the bench runs.
+        span = timedelta(seconds=AGING_WINDOWS_SPANNED * conf.get().priority_aging_seconds)
+        pool_base, pool_step = now - span, span / pool
+    else:
+        # As before priorities: the pool continues the millisecond sequence.
+        pool_base, pool_step = base + (size - pool) * timedelta(milliseconds=1), timedelta(milliseconds=1)
     params = {
         "org": org.id,
         "n": size,
         "n_other": size - pool,
         "other": other,
         "match": match,
-        "base": timezone.now() - timedelta(days=1),
+        "levels": PRIORITY_PATTERNS[priorities],
+        "base": base,
+        "pool_base": pool_base,
+        "pool_step": pool_step,
     }
     t0 = time.perf_counter()
     execute(_LOAD_SQL, params)
-    print(f"  loaded {size:>9,} runs ({shape}, {pool:,} matching) in {time.perf_counter() - t0:6.1f} s", flush=True)
+    took = time.perf_counter() - t0
+    print(f"  loaded {size:>9,} runs ({shape}, {pool:,} matching, {priorities} priority) in {took:6.1f} s", flush=True)
     return Case(size=size, shape=shape, group=group, matching_ids=match, pool=pool)
 
 
@@ -223,7 +263,7 @@ WHERE schemaname = current_schema() AND tablename = 'run'
 """
 
 
-def load_all(sizes: list[int], shapes: list[str], matching_selectors: int) -> list[Case]:
+def load_all(sizes: list[int], shapes: list[str], matching_selectors: int, priorities: str) -> list[Case]:
     """Empty the Gantry tables and load every (size, shape) case, in one transaction.
 
     Bulk-load mode, for this transaction only: no per-row FK checks or NOTIFY
@@ -244,7 +284,7 @@ def load_all(sizes: list[int], shapes: list[str], matching_selectors: int) -> li
         indexes = execute(_SECONDARY_INDEXES_SQL)
         for name, _ in indexes:
             execute(f'DROP INDEX "{name}"')
-        cases = [load_case(size, shape, matching_selectors) for size in sizes for shape in shapes]
+        cases = [load_case(size, shape, matching_selectors, priorities) for size in sizes for shape in shapes]
         t1 = time.perf_counter()
         for _, definition in indexes:
             execute(definition)
@@ -545,13 +585,14 @@ class Variant:
     transaction: str
 
     def claim(self) -> ClaimFn:
-        """A copy of claim()'s won-claim path (statement, throttle call, outcome metric, runner token)."""
+        """A copy of claim()'s won-claim path (statement, throttle call, outcome and wait metrics, runner token)."""
         import psycopg
         from django.db import connection, transaction
         from django.utils import timezone
 
-        from gantry import conf
+        from gantry import conf, metrics
         from gantry.core import tokens
+        from gantry.core.models import Priority
         from gantry.dispatch import throttle
         from gantry.dispatch.claim import _consume_dispatch_token
         from gantry.sql.claim import CLAIM
@@ -562,7 +603,8 @@ class Variant:
             runner_id = uuid.uuid4()
             expires = now + timedelta(seconds=conf.get().assignment_ttl)
             args = {"now": now, "grp": group.id, "org": group.organization_id, "runner": runner_id,
-                    "expires": expires, "version": None, "rate": None}  # fmt: skip
+                    "expires": expires, "version": None, "rate": None,
+                    "aging": conf.get().priority_aging_seconds}  # fmt: skip
             connection.ensure_connection()
             conn = connection.connection
             CLAIM.ensure_prepared(conn)
@@ -600,6 +642,9 @@ class Variant:
                         organization_id=group.organization_id, now=now, runs_per_hour_limit=row[1]
                     )
             throttle.record(outcome)
+            metrics.record_claim(organization_id=group.organization_id, group_id=group.id,
+                                 priority=Priority(row[3]).label, waited=(now - row[2]).total_seconds(),
+                                 at=now.timestamp())  # fmt: skip
             tokens.mint_runner_token(runner_id=runner_id, run_id=row[0], group_id=group.id)
             return uuid.UUID(str(row[0]))
 
@@ -628,6 +673,7 @@ def explain_claim(case: Case) -> list[str]:
     from django.db import connection, transaction
     from django.utils import timezone
 
+    from gantry import conf
     from gantry.sql.claim import CLAIM
     from gantry.sql.statement import execute_text
 
@@ -637,7 +683,8 @@ def explain_claim(case: Case) -> list[str]:
     for _ in range(7):  # the last one is shown
         now = timezone.now()
         args = {"now": now, "grp": case.group.id, "org": case.group.organization_id, "runner": uuid.uuid4(),
-                "expires": now + timedelta(minutes=5), "version": None, "rate": None}  # fmt: skip
+                "expires": now + timedelta(minutes=5), "version": None, "rate": None,
+                "aging": conf.get().priority_aging_seconds}  # fmt: skip
         execute = execute_text(CLAIM, args, connection.connection)
         with transaction.atomic(), psycopg.ClientCursor(connection.connection) as cur:
             lines = [row[0] for row in cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + execute).fetchall()]
@@ -745,6 +792,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", type=lambda s: s.split(","), default=list(SHAPES), help="all,adversarial")
     parser.add_argument("--matching-selectors", type=int, default=4, choices=range(1, len(MATCHING) + 1))
     parser.add_argument("--no-variants", action="store_true", help="measure only the real claim()")
+    parser.add_argument(
+        "--priorities",
+        choices=list(PRIORITY_PATTERNS),
+        default="single",
+        help="single: every run normal; mixed: low/normal/high by age rank, the pool's ages spread over "
+        f"{AGING_WINDOWS_SPANNED} aging windows",
+    )
     args = parser.parse_args(argv)
     unknown = set(args.shapes) - set(SHAPES)
     if unknown:
@@ -767,7 +821,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"throttle: rate limit {limiter}, REDIS_URL {os.environ['REDIS_URL']}")
     print(
         f"sizes {args.sizes}, shapes {args.shapes}, pollers {args.pollers}, {args.seconds:g} s per round, "
-        f"{args.matching_selectors} matching selectors\n",
+        f"{args.matching_selectors} matching selectors, {args.priorities} priorities "
+        f"(aging {conf.get().priority_aging_seconds} s)\n",
         flush=True,
     )
 
@@ -776,7 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds: list[Round] = []
     explains: dict[str, list[str]] = {}
     print("loading (one org per size and shape)", flush=True)
-    cases = load_all(args.sizes, args.shapes, args.matching_selectors)
+    cases = load_all(args.sizes, args.shapes, args.matching_selectors, args.priorities)
     biggest = next((c for c in reversed(cases) if c.shape == "adversarial" and c.size == max(args.sizes)), None)
     if biggest is not None:
         explains["claim, as claim.py runs it"] = explain_claim(biggest)
@@ -803,6 +858,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for title, lines in explains.items():
         print(f"\nEXPLAIN (ANALYZE, BUFFERS) at {max(args.sizes):,} adversarial, {title}, rolled back:")
         print("\n".join("  " + line for line in lines))
+        plan = "\n".join(lines)
+        used = sorted(set(re.findall(r"using (\w+) on run\b", plan)))
+        used += ["a sequential scan"] if re.search(r"Seq Scan on run\b", plan) else []
+        print(f"  how the plan reads run: {', '.join(used) or 'not at all'}")
     print(f"\nload average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
