@@ -108,9 +108,15 @@ def effective_priority(run: str, *, now: str = "%(now)s", aging: str = "%(aging)
     return f"LEAST({int(Priority.HIGH)}, {run}.priority + {waited}::integer)"
 
 
-def claim_order(run: str, *, now: str = "%(now)s", aging: str = "%(aging)s") -> str:
-    """SQL: an ORDER BY list putting the runs (alias ``run``) in the claim's order."""
-    return f"{effective_priority(run, now=now, aging=aging)} DESC, {run}.first_pending_at, {run}.id"
+def claim_order(run: str, *, now: str = "%(now)s", aging: str = "%(aging)s", rank: str | None = None) -> str:
+    """SQL: an ORDER BY list putting the runs (alias ``run``) in the claim's order.
+
+    ``rank``: a column already holding :func:`effective_priority` of the run (a subquery's output). An
+    outer query ordered by that column can use the subquery's order; ordered by the expression it cannot
+    (PostgreSQL matches sort keys to a subquery's output columns), and sorts every joined row instead.
+    """
+    first = rank if rank is not None else effective_priority(run, now=now, aging=aging)
+    return f"{first} DESC, {run}.first_pending_at, {run}.id"
 
 
 # Candidates read per matching selector and priority. With k concurrent pollers on one
@@ -176,10 +182,12 @@ picked AS (
     -- stopping at the first row it can lock (one primary-key probe, not one
     -- per candidate). The edge's own checks, on the locked row version: a
     -- run claimed meanwhile drops out.
-    SELECT run.id FROM (SELECT * FROM candidate c ORDER BY {claim_order("c")}) c
+    SELECT run.id FROM (
+        SELECT c.*, {effective_priority("c")} AS rank FROM candidate c ORDER BY {claim_order("c", rank="rank")}
+    ) c
     JOIN run ON run.id = c.id
     WHERE {ASSIGN.status_check} AND {" AND ".join(g.sql for g in ASSIGN.guards)}
-    ORDER BY {claim_order("c")}
+    ORDER BY {claim_order("c", rank="c.rank")}
     LIMIT 1
     FOR UPDATE OF run SKIP LOCKED
 ),

@@ -39,6 +39,7 @@ from gantry.core.models import (
     Deployment,
     Membership,
     Organization,
+    Priority,
     Run,
     RunEvent,
     Runner,
@@ -358,7 +359,7 @@ class RunnerAdmin(ReadOnlyScopedAdmin):
 # Stacks
 # --------------------------------------------------------------------------
 
-STACK_FIELDS = ("name", "labels", "spec")
+STACK_FIELDS = ("name", "labels", "spec", "default_priority")
 
 
 class StackForm(forms.ModelForm):
@@ -370,6 +371,16 @@ class StackForm(forms.ModelForm):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text='JSON object: {"NAME": "value"} sets a secret, {"NAME": null} removes it. '
         "Values are never shown again.",
+    )
+
+    # A select of the three names; a post without it (an older form, a script) means normal, the model's default.
+    default_priority = forms.TypedChoiceField(
+        choices=Priority.choices,
+        coerce=int,
+        required=False,
+        empty_value=Priority.NORMAL,  # type: ignore[arg-type]  # returned as is, an int like coerce
+        initial=Priority.NORMAL,
+        help_text="The priority of a deployment that names none (docs/queue.md).",
     )
 
     class Meta:
@@ -407,7 +418,7 @@ class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     form = StackForm
     fields = ["organization", *STACK_FIELDS, "secret_names", "secrets_update", "created_at"]
     # No secrets here: list views show names only (see secret_names).
-    list_display = ["name", "organization", "selector", "secret_names", "created_at", "archived_at"]
+    list_display = ["name", "organization", "selector", "default_priority", "secret_names", "created_at", "archived_at"]
     list_filter = [("organization", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["organization"]
     search_fields = ["name", "organization__slug"]
@@ -446,6 +457,7 @@ class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
             labels=data["labels"],
             spec=data["spec"],
             secrets={k: v for k, v in update.items() if v is not None},
+            default_priority=data["default_priority"],
         )
         adopt(obj, stack)
 
@@ -517,6 +529,7 @@ class RunAdmin(RunColumns, ReadOnlyScopedAdmin):
     list_display = [
         "id",
         "status",
+        "priority",
         "organization",
         "stack",
         "deployment",
@@ -529,6 +542,7 @@ class RunAdmin(RunColumns, ReadOnlyScopedAdmin):
     ]
     list_filter = [
         "status",
+        "priority",
         ("organization", admin.RelatedOnlyFieldListFilter),
         ("stack", admin.RelatedOnlyFieldListFilter),
     ]

@@ -7,7 +7,7 @@ import json
 from django.test import Client
 
 from gantry.core import secrets, services
-from gantry.core.models import Organization, Stack
+from gantry.core.models import Organization, Priority, Stack
 from tests.admin.helpers import url
 from tests.conftest import SPEC
 
@@ -70,14 +70,16 @@ def test_it_creates_a_stack(owner_admin: Client, acme: Organization) -> None:
             "labels": '{"gantry:runner-group:os": "linux"}',
             "spec": json.dumps(SPEC),
             "secrets_update": '{"TOKEN": "t"}',
+            "default_priority": "2",
         },
     )
     assert r.status_code == 302
     stack = Stack.objects.get(organization=acme, name="api")
-    assert (stack.runner_selector, plain(stack), stack.spec["steps"]) == (
+    assert (stack.runner_selector, plain(stack), stack.spec["steps"], stack.default_priority) == (
         {"os": "linux"},
         {"TOKEN": "t"},
         SPEC["steps"],
+        Priority.HIGH,
     )
 
 
