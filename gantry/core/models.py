@@ -389,6 +389,11 @@ class Run(models.Model):
     assigned_at = models.DateTimeField(null=True, blank=True)
     assigned_expires_at = models.DateTimeField(null=True, blank=True)
     first_pending_at = models.DateTimeField(null=True, blank=True)
+    # The run's phases (docs/performance.md, "A run's phases"): the first claim of it (a lapsed lease's
+    # second claim keeps the first), and the first output its runner pushed. Queued is created_at,
+    # accepted is started_at, finished is finished_at.
+    first_claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    first_output_at = models.DateTimeField(null=True, blank=True, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
