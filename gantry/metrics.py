@@ -268,6 +268,29 @@ RUN_TIMINGS: dict[str, str] = {
 }
 # Waits run from a second to hours (a throttled org, a full group).
 RUN_BUCKETS: tuple[float, ...] = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+# A phase the runner and the server make (start-up, first output): tens of milliseconds to a minute.
+PHASE_BUCKETS: tuple[float, ...] = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+# The histograms by runner group: name -> (metric, help, buckets, labels after org and runner_group).
+BY_GROUP: dict[str, tuple[str, str, tuple[float, ...], tuple[str, ...]]] = {
+    "wait": (
+        "gantry_run_wait_seconds",
+        "From the run first becoming pending to a poll claiming it, by runner group and the run's own priority.",
+        RUN_BUCKETS,
+        ("priority",),
+    ),
+    "start": (
+        "gantry_run_start_seconds",
+        "From the claim a runner accepted to its accept (the runner's start-up), by runner group.",
+        PHASE_BUCKETS,
+        (),
+    ),
+    "firstout": (
+        "gantry_run_first_output_seconds",
+        "From the accept to the run's first output reaching Gantry, by runner group; observed when the run finishes.",
+        PHASE_BUCKETS,
+        (),
+    ),
+}
 FINISHED_OUTCOMES = ("succeeded", "failure", "cancelled", "discarded", "startup_timeout")
 
 
@@ -333,15 +356,40 @@ def record_claim(*, organization_id: int, group_id: int, priority: str, waited: 
     """One claim's figures (after it committed): its wait by org, and by group and priority, and a hand-out
     of the group at ``at`` (epoch seconds). Fails open."""
     waited = max(0.0, waited)
-    bucket = next((i for i, le in enumerate(RUN_BUCKETS) if waited <= le), len(RUN_BUCKETS))
     record_run(organization_id=organization_id, timings={"pending_to_claimed": waited})
     with _buffer_lock:
-        counts, sums = _buffer.setdefault(_runs_key(), (Counter(), defaultdict(float)))
-        counts[f"wait|{group_id}|{priority}|{bucket}"] += 1
-        sums[f"waitsum|{group_id}|{priority}"] += waited
+        _add_by_group("wait", f"{group_id}|{priority}", waited)
         _buffer.setdefault(_handouts_key(int(at // HANDOUT_BUCKET)), (Counter(), defaultdict(float)))[0][
             str(group_id)
         ] += 1
+        _flusher.start()
+
+
+def _add_by_group(name: str, labels: str, seconds: float) -> None:
+    """One observation of the histogram ``name`` by group (``labels``: the group id, then any other label,
+    ``|``-joined) into the buffer; the caller holds ``_buffer_lock``. Its collector: :meth:`RunCollector._by_group`."""
+    seconds = max(0.0, seconds)
+    buckets = BY_GROUP[name][2]
+    bucket = next((i for i, le in enumerate(buckets) if seconds <= le), len(buckets))
+    counts, sums = _buffer.setdefault(_runs_key(), (Counter(), defaultdict(float)))
+    counts[f"{name}|{labels}|{bucket}"] += 1
+    sums[f"{name}sum|{labels}"] += seconds
+
+
+def record_phase(
+    *, organization_id: int, group_id: int | None, start: float | None = None, first_output: float | None = None
+) -> None:
+    """A run's phases, after the transition committed: its start-up (claim -> accept; also the org's
+    ``claimed_to_accepted``) and its first output (accept -> first output), by runner group. Fails open."""
+    if start is not None:
+        record_run(organization_id=organization_id, timings={"claimed_to_accepted": start})
+    if group_id is None:
+        return
+    with _buffer_lock:
+        if start is not None:
+            _add_by_group("start", str(group_id), start)
+        if first_output is not None:
+            _add_by_group("firstout", str(group_id), first_output)
         _flusher.start()
 
 
@@ -500,30 +548,27 @@ class RunCollector(Collector):
                     buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
                 hist.add_metric([slug], buckets, sum_value=float(values.get(f"sum|{name}|{org_id}", 0)))
             families.append(hist)
-        families.append(self._waits(values))
+        families.extend(self._by_group(name, values) for name in BY_GROUP)
         return families
 
     @staticmethod
-    def _waits(values: Mapping[str, str]) -> Metric:
-        """gantry_run_wait_seconds{org, runner_group, priority}: for every group and priority that claimed."""
-        hist = HistogramMetricFamily(
-            "gantry_run_wait_seconds",
-            "From the run first becoming pending to a poll claiming it, by runner group and the run's own priority.",
-            labels=["org", "runner_group", "priority"],
-        )
-        seen = sorted({tuple(f.split("|")[1:3]) for f in values if f.startswith("waitsum|")})
+    def _by_group(name: str, values: Mapping[str, str]) -> Metric:
+        """``BY_GROUP[name]``'s histogram {org, runner_group, ...}: for every group (and labels) observed."""
+        metric, doc, bounds, extra = BY_GROUP[name]
+        hist = HistogramMetricFamily(metric, doc, labels=["org", "runner_group", *extra])
+        prefix = f"{name}sum|"
+        seen = sorted({f[len(prefix) :] for f in values if f.startswith(prefix)})
         names = _groups.get() if seen else {}
-        for group_id, priority in seen:
+        for labels in seen:
+            group_id, *rest = labels.split("|")
             if group_id not in names:
                 continue  # a group deleted since (tests' databases come and go): nothing to name it by
-            slug, name = names[group_id]
+            slug, group_name = names[group_id]
             cumulative, buckets = 0.0, []
-            for i, le in enumerate((*RUN_BUCKETS, math.inf)):
-                cumulative += float(values.get(f"wait|{group_id}|{priority}|{i}", 0))
+            for i, le in enumerate((*bounds, math.inf)):
+                cumulative += float(values.get(f"{name}|{labels}|{i}", 0))
                 buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
-            hist.add_metric(
-                [slug, name, priority], buckets, sum_value=float(values.get(f"waitsum|{group_id}|{priority}", 0))
-            )
+            hist.add_metric([slug, group_name, *rest], buckets, sum_value=float(values.get(f"{prefix}{labels}", 0)))
         return hist
 
 

@@ -24,6 +24,7 @@ from gantry.core.models import (
     RunnerGroup,
     Stack,
 )
+from gantry.core.services.runs import run_timings
 
 # ---------------------------------------------------------------- JSON-stored request fields
 #
@@ -360,12 +361,28 @@ class RunEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class RunTimingsSerializer(serializers.Serializer):
+    """A run's phases in seconds, each null until known (gantry.core.services.runs.run_timings)."""
+
+    wait_seconds = serializers.FloatField(
+        allow_null=True, help_text="First pending (its turn on the stack's lane) to first claimed by a runner group."
+    )
+    start_seconds = serializers.FloatField(
+        allow_null=True, help_text="The claim its runner accepted to that accept: the runner's start-up."
+    )
+    first_output_seconds = serializers.FloatField(
+        allow_null=True, help_text="Accept to the run's first output reaching Gantry."
+    )
+    run_seconds = serializers.FloatField(allow_null=True, help_text="Accept to finished.")
+
+
 class RunSerializer(serializers.ModelSerializer):
     priority = PriorityField(read_only=True)
     deployment_id = serializers.IntegerField(read_only=True)
     stack_id = serializers.IntegerField(read_only=True)
     assigned_runner_id = serializers.UUIDField(read_only=True, allow_null=True)
     events = RunEventSerializer(many=True, read_only=True)
+    timings = serializers.SerializerMethodField()
 
     class Meta:
         model = Run
@@ -380,12 +397,19 @@ class RunSerializer(serializers.ModelSerializer):
             "assigned_runner_id",
             "assigned_expires_at",
             "first_pending_at",
+            "first_claimed_at",
             "started_at",
+            "first_output_at",
             "finished_at",
             "exit_code",
             "failure_reason",
             "cancel_requested_at",
             "created_at",
+            "timings",
             "events",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(RunTimingsSerializer)
+    def get_timings(self, run: Run) -> dict[str, float | None]:
+        return run_timings(run, run.events.all())

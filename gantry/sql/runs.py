@@ -342,6 +342,12 @@ IN_GROUP = Guard(
 )
 
 
+# The moved run's runner group, for the phase histograms by group (gantry.metrics.record_phase):
+# the token's group when the fast lane folded it in (no read), else its runner's row by primary key.
+RUNNER_GROUP = (
+    "COALESCE(%(grp)s::bigint, (SELECT rg.runner_group_id FROM runner rg WHERE rg.id = moved.assigned_runner_id))"
+)
+
 # ---------------------------------------------------------------- the edges
 #
 # Every edge a run can take but two: the claim (gantry.sql.claim, which
@@ -354,7 +360,13 @@ ASSIGN = Move(
     targets=frozenset({RunStatus.ASSIGNED}),
     event="assigned",
     guards=(UNBOUND,),
-    sets=("assigned_runner_id = v.runner", "assigned_at = %(now)s", "assigned_expires_at = %(expires)s"),
+    # first_claimed_at: the first claim only (a second claim after a lapsed lease keeps it), the run's phases.
+    sets=(
+        "assigned_runner_id = v.runner",
+        "assigned_at = %(now)s",
+        "assigned_expires_at = %(expires)s",
+        "first_claimed_at = COALESCE(run.first_claimed_at, %(now)s)",
+    ),
     detail="jsonb_build_object('runner_id', moved.assigned_runner_id::text, 'runner_group_id', %(grp)s::bigint)",
 )
 
@@ -416,7 +428,7 @@ busy AS (
     UPDATE runner SET status = '{RunnerStatus.BUSY}', accepted_at = %(now)s, last_seen_at = %(now)s
     WHERE id = %(runner)s AND EXISTS (SELECT 1 FROM moved)
 )""",
-    also="d.spec, s.secrets",
+    also=f"d.spec, s.secrets, {RUNNER_GROUP}",
     joins=" LEFT JOIN deployment d ON d.id = moved.deployment_id LEFT JOIN stack s ON s.id = moved.stack_id",
 )
 
@@ -446,6 +458,7 @@ FINISH = Move(
         "log_manifest = COALESCE(%(manifest)s, run.log_manifest)",
     ),
     detail="jsonb_build_object('outcome', moved.status, 'exit_code', moved.exit_code)",
+    also=RUNNER_GROUP,
     types=tuple((name, kind) for name, (kind, _) in FINISH_REPORT.items()),
 )
 

@@ -54,6 +54,7 @@ from gantry.core.models import (
     RunnerGroup,
 )
 from gantry.core.services.deployments import RETRYABLE
+from gantry.core.services.runs import phase_seconds, run_timings
 from gantry.dispatch import coordinators, queue
 from gantry.logs.reader import read_log
 
@@ -307,8 +308,41 @@ def event_text(kind: str, detail: dict[str, Any]) -> str | None:
     return None
 
 
+def phase_words(seconds: float) -> str:
+    """A phase's length for a person: '140 ms', '2.3 s', then as :func:`words.duration` ('42 s', '7 min').
+
+    The phases of a fast start are fractions of a second, which whole seconds would all read as "0 s"."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return words.duration(seconds)
+
+
+def phase_lines(run: Run, *, timings: dict[str, float | None]) -> list[tuple[str, str, str]]:
+    """The run's phases said in words, each as (key, label, sentence), for the ones known so far."""
+    lines = []
+    queued = phase_seconds(run.created_at, run.first_pending_at)
+    wait = timings["wait_seconds"]
+    if wait is not None:
+        behind = (
+            f", after {phase_words(queued)} queued behind the stack's earlier run"
+            if queued is not None and queued >= 1
+            else ""
+        )
+        lines.append(("wait", "Waited", f"{phase_words(wait)} for a runner{behind}"))
+    if timings["start_seconds"] is not None:
+        lines.append(("start", "Start", f"its runner started in {phase_words(timings['start_seconds'])}"))
+    if timings["first_output_seconds"] is not None:
+        lines.append(("first-output", "First output", f"{phase_words(timings['first_output_seconds'])} after start"))
+    if timings["run_seconds"] is not None:
+        lines.append(("run", "Ran", f"{phase_words(timings['run_seconds'])}"))
+    return lines
+
+
 def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
     now = timezone.now()
+    run_events = list(run.events.order_by("at", "id"))
     events = [
         {
             "at": e.at,
@@ -318,7 +352,7 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
                 (k, v, k in RUN_ID_KEYS and isinstance(v, str) and _is_uuid(v)) for k, v in (e.detail or {}).items()
             ],
         }
-        for e in run.events.order_by("at", "id")
+        for e in run_events
     ]
     attempts = list(
         Run.objects.filter(deployment_id=run.deployment_id).order_by("attempt").only("id", "attempt", "status")
@@ -356,6 +390,7 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
         "wait_for": words.duration(((started or end) - run.created_at).total_seconds()),
         "run_for": words.duration((end - started).total_seconds()) if started else None,
         "total_for": words.duration((end - run.created_at).total_seconds()),
+        "phases": phase_lines(run, timings=run_timings(run, run_events)),
         # Buttons as the run's state allows; the services decide again when pressed.
         "can_cancel": run.status not in TERMINAL,
         "can_skip": newest and run.status in NEVER_STARTED,

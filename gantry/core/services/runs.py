@@ -119,15 +119,16 @@ def accept_plan(
     run = outcome.run
     if run is None:
         return Refused(outcome.state)
-    spec, secrets = outcome.also
+    spec, secrets, group_id = outcome.also
     # As select_related would: run_context reads run.deployment.spec and
     # run.stack.secrets without a query (only those fields are loaded).
     run.deployment = loaded(Deployment, id=run.deployment_id, spec=_json(spec))
     run.stack = loaded(Stack, id=run.stack_id, secrets=_json(secrets))
     if run.assigned_at is not None:
+        # The accepted claim's start-up: the claim that led here (assigned_at), not the first one.
         started = (now - run.assigned_at).total_seconds()
         yield AfterCommit(
-            lambda: metrics.record_run(organization_id=run.organization_id, timings={"claimed_to_accepted": started})
+            lambda: metrics.record_phase(organization_id=run.organization_id, group_id=group_id, start=started)
         )
     return run, api_token
 
@@ -268,7 +269,58 @@ def finish_plan(
         fields["sealed_chunks"] = fields["manifest"]["count"]
     args = sql.one_args(run=run_id, now=now, runner=runner_id, grp=group_id, **sql.finish_args(outcome, fields))
     result: Outcome = yield from move_plan(sql.FINISH, args)
-    return result.run if result.run is not None else Refused(result.state)
+    run = result.run
+    if run is None:
+        return Refused(result.state)
+    first_output = phase_seconds(run.started_at, run.first_output_at)
+    if first_output is not None:
+        # Observed at the end, from the row FINISH answers: the live push that stamps first_output_at
+        # stays one statement (docs/performance.md, "A run's phases").
+        (group_id,) = result.also
+        yield AfterCommit(
+            lambda: metrics.record_phase(
+                organization_id=run.organization_id, group_id=group_id, first_output=first_output
+            )
+        )
+    return run
+
+
+def phase_seconds(start: datetime | None, end: datetime | None) -> float | None:
+    """Seconds from ``start`` to ``end``; None until both are known. Never negative: a phase's end
+    stamped by another clock (a replica's) a little behind its start reads as 0."""
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+def accepted_claim_at(run: Run, events: Iterable[RunEvent]) -> datetime | None:
+    """When the claim the runner accepted was made: the lease's ``assigned_at`` while it is held, else
+    the last ``assigned`` event at or before the accept (a terminal edge clears ``assigned_at``)."""
+    if run.started_at is None:
+        return None
+    if run.assigned_at is not None:
+        return run.assigned_at
+    claims = [e.at for e in events if e.kind == "assigned" and e.at <= run.started_at]
+    return max(claims, default=None)
+
+
+def run_timings(run: Run, events: Iterable[RunEvent]) -> dict[str, float | None]:
+    """A run's phases in seconds, each None until known (docs/api.md, "A run's timings"):
+
+    - ``wait_seconds``: first pending (its turn on the stack's lane) -> first claimed: the wait for a runner,
+      as ``gantry_run_wait_seconds`` measures it; time queued behind the stack's earlier run is not in it;
+    - ``start_seconds``: the accepted claim -> accept (the runner's start-up);
+    - ``first_output_seconds``: accept -> the first output reaching Gantry;
+    - ``run_seconds``: accept -> finished.
+
+    ``events``: the run's events (read only when the run has ended: see :func:`accepted_claim_at`).
+    """
+    return {
+        "wait_seconds": phase_seconds(run.first_pending_at, run.first_claimed_at),
+        "start_seconds": phase_seconds(accepted_claim_at(run, events), run.started_at),
+        "first_output_seconds": phase_seconds(run.started_at, run.first_output_at),
+        "run_seconds": phase_seconds(run.started_at, run.finished_at),
+    }
 
 
 def run_fail(
