@@ -117,3 +117,13 @@ def test_lifecycle_runs_every_call_of_a_run(bench: Bench) -> None:
     assert "| live CPU/push ms (py + pg) | live pushes/s | Redis B/live record |" in out, out[-2000:]
     row = next(line for line in out.splitlines() if line.startswith("| 1 | "))
     assert re.search(r"\| \d+\.\d\d \(\d+\.\d\d \+ \d+\.\d\d\) \| \d+ \| \d+ \|$", row), row
+
+
+def test_e2e_latency_times_real_runs_sequential_and_burst(bench: Bench) -> None:
+    out = _run("tests.bench.e2e_latency", ["--runs", "2", "--burst", "2", "--max-parallel", "2"], bench)
+    rows = {line.split("|")[0].strip(): line for line in out.splitlines() if line.startswith("cold ")}
+    assert set(rows) == {"cold sequential", "cold burst"}, out[-2000:]
+    # Every run was timed to running, its output and its end (a "-" is a mark never seen).
+    for line in rows.values():
+        assert " - " not in line, line
+    assert float(rows["cold burst"].split("|")[-1]) > 0, rows["cold burst"]
