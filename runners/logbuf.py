@@ -399,14 +399,16 @@ class LogShipper:
             key = (index, len(active), self.uploaded)
             if key == last:
                 continue  # deduped: an unchanged snapshot costs no HTTP call
-            if pushed_at is not None:
-                # Coalesce: what the step writes meanwhile rides in this push.
+            while pushed_at is not None:
+                # Coalesce: what the step writes meanwhile rides in this push. The
+                # gap is judged again on the snapshot that grew while it waited.
                 delay = pushed_at + live_gap(len(active), self.live_interval) - self._clock()
-                if delay > 0:
-                    if self._stop_ticker.wait(delay):
-                        return
-                    index, active, marks = self.buf.live_snapshot()
-                    key = (index, len(active), self.uploaded)
+                if delay <= 0:
+                    break
+                if self._stop_ticker.wait(delay):
+                    return
+                index, active, marks = self.buf.live_snapshot()
+                key = (index, len(active), self.uploaded)
             pushed_at = self._clock()
             try:
                 self.client.live_push(
