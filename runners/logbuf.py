@@ -9,8 +9,8 @@ pipe is still drained, so a chatty step never blocks on a full pipe).
 :class:`LogShipper` runs the two threads around it: the uploader (gzip,
 sha256, chunk handout, PUT — each chunk exactly once, retried on transient
 errors with the *same* bytes, which the PUT accepts idempotently) and the
-live ticker (every ``live_interval`` seconds, a snapshot of the active chunk
-to ``logs/live`` unless nothing changed).
+live pusher (a snapshot of the active chunk to ``logs/live`` as soon as
+output appears, coalesced by :func:`live_gap`; never an unchanged one).
 
 The hot path is :meth:`LogBuffer.write`, called with blocks of up to 1 MiB
 read straight from the step's pipe: a slice and an append, no per-line work.
@@ -45,6 +45,25 @@ COMPRESS_LEVEL = 1
 # Sealed chunks waiting for the uploader before writes block (backpressure
 # onto the step's pipe rather than unbounded memory when storage is slow).
 MAX_PENDING_CHUNKS = 8
+
+# The live push's pacing (docs/logs.md, "Live push"). Output is pushed as soon
+# as it appears, but two pushes are at least LIVE_BATCH_S apart, so a chatty
+# step's lines coalesce and a run pushes at most 1 / LIVE_BATCH_S times a second.
+LIVE_BATCH_S = 0.2
+# Each push carries the whole active chunk: the gap grows with it so that at
+# most this many raw snapshot bytes a second are gzipped and sent (a 1 MiB
+# chunk: one push every 2 s, as the old fixed tick).
+LIVE_BYTES_PER_S = 512 * 1024
+
+
+def live_gap(snapshot_bytes: int, live_interval: float) -> float:
+    """The least time between two live pushes when the active chunk holds ``snapshot_bytes``.
+
+    ``live_interval`` (GANTRY_LIVE_LOG_INTERVAL) caps it: it is the longest a
+    new line waits, so past ``live_interval * LIVE_BYTES_PER_S`` bytes the rate
+    is one push per ``live_interval``, the old tick's.
+    """
+    return min(max(LIVE_BATCH_S, snapshot_bytes / LIVE_BYTES_PER_S), max(LIVE_BATCH_S, live_interval))
 
 
 def gzip_bytes(data: bytes) -> bytes:
@@ -86,6 +105,8 @@ class LogBuffer:
         self.truncated = False
         self._marker = truncation_line(max_bytes)
         self._last = b""  # the last byte recorded: does the log end a line?
+        # Set on every write: the live pusher sleeps on it instead of ticking.
+        self.news = threading.Event()
 
     # ------------------------------------------------------------ writing (the reader thread)
 
@@ -128,6 +149,7 @@ class LogBuffer:
             view = view[space:]
             if len(self._active) >= self.chunk_size:
                 self._seal()
+        self.news.set()
 
     def _seal(self) -> None:
         self._pending.append((self._active_index, bytes(self._active)))
@@ -225,11 +247,15 @@ class LogShipper:
         *,
         live_interval: float,
         upload_deadline: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.run_id = run_id
         self.buf = buf
+        # The longest new output waits for its push (and the quiet pusher's
+        # period: the time bound's seals are checked this often).
         self.live_interval = live_interval
+        self._clock = clock
         # How long one chunk's upload may keep failing before it is given up:
         # the manifest still names it, so the reader shows an explicit gap.
         self.upload_deadline = upload_deadline
@@ -263,6 +289,7 @@ class LogShipper:
         """
         self.buf.close()
         self._stop_ticker.set()
+        self.buf.news.set()
         if self._ticker.is_alive():
             self._ticker.join(timeout=30)
         if self._uploader.is_alive():
@@ -301,6 +328,7 @@ class LogShipper:
                     self._stored.add(index)
                     while self._uploaded in self._stored:
                         self._uploaded += 1
+                self.buf.news.set()  # sealed_chunks advanced: worth a push
             else:
                 self.failed_chunks.append(index)
 
@@ -348,16 +376,40 @@ class LogShipper:
               run_id=self.run_id, chunk=index)  # fmt: skip
         return False
 
-    # ------------------------------------------------------------ live ticker
+    # ------------------------------------------------------------ live pusher
 
     def _tick_loop(self) -> None:
+        """Push the active chunk when it changed: the first output at once, then at most once per :func:`live_gap`.
+
+        Sleeps on the buffer's ``news`` (a write, an upload) with
+        ``live_interval`` as the timeout, so a quiet run costs no call and the
+        seal-on-age check still runs that often. Deduped: an unchanged
+        snapshot (same chunk, length and sealed count) is never pushed.
+        """
         last: tuple[int, int, int] = (0, 0, 0)  # nothing written, nothing stored: nothing to say
-        while not self._stop_ticker.wait(self.live_interval):
+        pushed_at: float | None = None
+        news = self.buf.news
+        while not self._stop_ticker.is_set():
+            news.wait(self.live_interval)
+            news.clear()  # before the snapshot: a write after it sets it again
+            if self._stop_ticker.is_set():
+                return
             self.buf.seal_if_due()
             index, active, marks = self.buf.live_snapshot()
             key = (index, len(active), self.uploaded)
             if key == last:
-                continue  # deduped: an unchanged tick costs no HTTP call
+                continue  # deduped: an unchanged snapshot costs no HTTP call
+            while pushed_at is not None:
+                # Coalesce: what the step writes meanwhile rides in this push. The
+                # gap is judged again on the snapshot that grew while it waited.
+                delay = pushed_at + live_gap(len(active), self.live_interval) - self._clock()
+                if delay <= 0:
+                    break
+                if self._stop_ticker.wait(delay):
+                    return
+                index, active, marks = self.buf.live_snapshot()
+                key = (index, len(active), self.uploaded)
+            pushed_at = self._clock()
             try:
                 self.client.live_push(
                     self.run_id,

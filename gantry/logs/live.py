@@ -30,6 +30,25 @@ from gantry.ticker import Ticker
 log = logging.getLogger("gantry.logs")
 
 KEY = "gantry:logs:live:{run_id}"
+# PUBLISHed (payload: the run id) whenever the record changes (a push, its
+# deletion): a reader parked on ``GET /runs/{id}/logs?wait=`` reads again.
+CHANNEL = "gantry:logs:changed:{run_id}"
+# Set (NX) by the first push that carries output: that push, and only it,
+# stamps run.first_output_at (one database write per run).
+FIRST_KEY = "gantry:logs:first:{run_id}"
+
+
+# The environ key under which gantry.server.asgi hands the log read view a Park.
+PARK_ENVIRON_KEY = "gantry.logs.park"
+# ``wait`` on the log read: at most this many seconds.
+WAIT_MAX = 30
+
+
+@dataclass
+class Park:
+    """Set by the log read view under gantry.asgi: how long the event loop may hold its answer (0: send it)."""
+
+    wait: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -136,21 +155,52 @@ def time_marks(value: object) -> list[list[int]] | None:
     return value
 
 
+def channel(run_id: uuid.UUID | str) -> str:
+    return CHANNEL.format(run_id=run_id)
+
+
+def has_output(*, chunk_index: int, sealed_chunks: int, data: bytes) -> bool:
+    """Whether a push carries any log bytes, without decompressing: a gzip ends with its input's
+    length mod 2**32 (RFC 1952, ISIZE), and a later chunk means earlier ones held bytes."""
+    return chunk_index > 0 or sealed_chunks > 0 or (len(data) >= 4 and data[-4:] != b"\0\0\0\0")
+
+
+@dataclass(frozen=True)
+class Stored:
+    stored: bool  # False: Redis unavailable, the push dropped
+    first_output: bool = False  # this push is the run's first with output (its FIRST_KEY was set here)
+
+    def __bool__(self) -> bool:
+        return self.stored
+
+
 def store(
     run_id: uuid.UUID, *, chunk_index: int, sealed_chunks: int, data: bytes, times: list[list[int]] | None = None
-) -> bool:
-    """Replace the run's record; False when Redis is unavailable (the push is dropped)."""
+) -> Stored:
+    """Replace the run's record and tell its parked readers, in one round trip; ``stored`` False when Redis
+    is unavailable (the push is dropped). ``first_output``: see FIRST_KEY."""
     meta: dict[str, object] = {"chunk_index": chunk_index, "sealed_chunks": sealed_chunks, "at": time.time()}
     if times:
         meta["times"] = times
     header = json.dumps(meta, separators=(",", ":"))
+    mark = has_output(chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data)
     try:
-        client().set(_key(run_id), header.encode() + b"\n" + data, ex=ttl_seconds())
+        pipe = client().pipeline(transaction=False)
+        pipe.set(_key(run_id), header.encode() + b"\n" + data, ex=ttl_seconds())
+        pipe.publish(channel(run_id), str(run_id))
+        if mark:
+            pipe.set(FIRST_KEY.format(run_id=run_id), b"1", nx=True, ex=ttl_seconds())
+        replies = pipe.execute()
     except (redis.RedisError, OSError) as exc:
         _unavailable("push", exc)
-        return False
+        return Stored(False)
     _available()
-    return True
+    return Stored(True, first_output=mark and bool(replies[2]))
+
+
+def forget_first(run_id: uuid.UUID) -> None:
+    """Drop the first-output marker (its database stamp failed: the next push with output tries again)."""
+    delete_many([], FIRST_KEY.format(run_id=run_id))
 
 
 def get(run_id: uuid.UUID) -> LiveRecord | None:
@@ -231,12 +281,21 @@ _sweep = Ticker("gantry-live-sweep", DELETE_SOON_SECONDS, flush_deletes)
 
 
 def delete_many(run_ids: list[uuid.UUID], *extra_keys: str) -> None:
-    """Drop the records of many runs (and any ``extra_keys``) in one round trip; best-effort like :func:`delete`."""
-    keys = [_key(run_id) for run_id in run_ids] + list(extra_keys)
+    """Drop the records of many runs (and any ``extra_keys``) in one round trip; best-effort like :func:`delete`.
+
+    Each run's parked readers are told (its record is gone: the run has
+    finished, and its log is now the sealed chunks).
+    """
+    keys = [_key(run_id) for run_id in run_ids] + [FIRST_KEY.format(run_id=run_id) for run_id in run_ids]
+    keys += extra_keys
     if not keys:
         return
     try:
-        client().delete(*keys)
+        pipe = client().pipeline(transaction=False)
+        pipe.delete(*keys)
+        for run_id in run_ids:
+            pipe.publish(channel(run_id), str(run_id))
+        pipe.execute()
     except (redis.RedisError, OSError) as exc:
         # It expires on its own; the reader ignores it once the run has a manifest.
         _unavailable("delete", exc)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from gantry.core.errors import ChunkExists, Conflict, InvalidRequest, NotFound, RunTerminal
 from gantry.core.manifest import is_sha256
@@ -28,6 +28,10 @@ from gantry.sql import logs as sql
 from gantry.sql.statement import fetchone
 
 log = logging.getLogger("gantry.logs")
+
+# The run's first push with output (once per run: _store_live). The run's own
+# clock, as its other timestamps; a guarded UPDATE, so a replay changes nothing.
+STAMP_FIRST_OUTPUT = "UPDATE run SET first_output_at = now() WHERE id = %(run)s AND first_output_at IS NULL"
 
 # Storage writes a batch flush runs at once (see flush_live_logs).
 FLUSH_THREADS = 16
@@ -61,7 +65,29 @@ def live_push(
             extra={"event": "logs.live_dropped", "run_id": str(run_id)},
         )
         return False
-    return live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data, times=times)
+    return _store_live(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data, times=times)
+
+
+def _store_live(
+    run_id: uuid.UUID, *, chunk_index: int, sealed_chunks: int, data: bytes, times: list[list[int]] | None
+) -> bool:
+    """Store a push (both paths: the view's and the fast lane's) and stamp ``run.first_output_at`` on the run's
+    first push with output; False when Redis dropped it.
+
+    The Redis marker set NX in the push's own pipeline (live.FIRST_KEY)
+    decides, so the database sees one write per run, not one per push. A
+    failed write gives the marker back: the next push with output tries again.
+    """
+    result = live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data, times=times)
+    if result.first_output:
+        try:
+            with connection.cursor() as cur:
+                cur.execute(STAMP_FIRST_OUTPUT, {"run": run_id})
+        except DatabaseError:
+            log.warning("run %s: first_output_at not stamped", run_id, exc_info=True,
+                        extra={"event": "logs.first_output_failed", "run_id": str(run_id)})  # fmt: skip
+            live.forget_first(run_id)
+    return result.stored
 
 
 def live_push_hot(
@@ -77,7 +103,7 @@ def live_push_hot(
     """
     if not _held(run_id, runner_id, runner_group_id):
         return False
-    live.store(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data, times=times)
+    _store_live(run_id, chunk_index=chunk_index, sealed_chunks=sealed_chunks, data=data, times=times)
     return True
 
 

@@ -219,6 +219,17 @@ class LogPageSerializer(serializers.Serializer):
     )
 
 
+def log_wait(raw: str) -> float:
+    """The log read's ``wait`` in seconds; not a number from 0 to WAIT_MAX: 400."""
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise InvalidRequest(f"wait must be a number of seconds from 0 to {live.WAIT_MAX}") from None
+    if not 0 <= wait <= live.WAIT_MAX:  # NaN fails this too
+        raise InvalidRequest(f"wait must be from 0 to {live.WAIT_MAX} seconds")
+    return wait
+
+
 class RunLogView(UserView):
     @extend_schema(
         operation_id="runs_logs_read",
@@ -228,6 +239,14 @@ class RunLogView(UserView):
             ),
             OpenApiParameter(
                 "times", int, enum=[0, 1], description="1: also answer `times`, the page's per-line time marks."
+            ),
+            OpenApiParameter(
+                "wait",
+                float,
+                description=f"Seconds, 0 to {live.WAIT_MAX} (default 0): when nothing past `offset` exists yet and "
+                "the run is not final, hold the answer until the runner pushes new output or the run ends, at most "
+                "this long, then answer as usual (a long poll). Served by the production server (gantry.asgi); "
+                "other servers answer at once.",
             ),
         ],
         responses={200: LogPageSerializer, **user_errors(400, 401, 403, 404)},
@@ -247,7 +266,11 @@ class RunLogView(UserView):
         want_times = request.query_params.get("times", "0")
         if want_times not in ("0", "1"):
             raise InvalidRequest("times must be 0 or 1")
+        wait = log_wait(request.query_params.get("wait", "0"))
         page = read_log(run, offset=offset, times=want_times == "1")
+        park = request._request.META.get(live.PARK_ENVIRON_KEY)
+        if wait > 0 and isinstance(park, live.Park) and page.next_offset == offset and not page.final:
+            park.wait = wait  # gantry.server.asgi holds this answer and asks again on a push (logwait)
         answer: dict[str, Any] = {
             "text": page.text, "next_offset": page.next_offset, "complete": page.complete, "final": page.final
         }  # fmt: skip

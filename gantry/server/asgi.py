@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import signal
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -48,9 +50,12 @@ from a2wsgi.wsgi import build_environ  # noqa: E402
 from gantry import conf  # noqa: E402
 from gantry.api.runner_views import ClaimSerializer  # noqa: E402
 from gantry.dispatch import longpoll  # noqa: E402
-from gantry.server import asyncpoll, lane, lanedb  # noqa: E402
+from gantry.logs import live as live_logs  # noqa: E402
+from gantry.logs import views as log_views  # noqa: E402
+from gantry.server import asyncpoll, facts, lane, lanedb, logwait  # noqa: E402
 from gantry.sql import claim as claim_sql  # noqa: E402
 
+log = logging.getLogger("gantry.api")
 _conf = conf.server()
 # The lane's one-statement calls (status, ready, accept, done, deregister) on
 # the event loop with connections of its own (gantry.server.lanedb); false (a
@@ -78,8 +83,13 @@ _hub_lock = threading.Lock()
 
 def _call_view(scope: dict[str, Any], deferred: asyncpoll.Deferred) -> Answer:
     """The Django application for one poll request, in a pool thread: its whole answer, read."""
+    return _call_app(scope, {asyncpoll.ENVIRON_KEY: deferred})
+
+
+def _call_app(scope: dict[str, Any], extra: dict[str, Any]) -> Answer:
+    """The Django application for one bodiless request, ``extra`` in its environ, in a pool thread: its answer."""
     environ: dict[str, Any] = dict(build_environ(scope, io.BytesIO(b"")))  # type: ignore[arg-type]
-    environ[asyncpoll.ENVIRON_KEY] = deferred
+    environ.update(extra)
     started: list[Any] = []
 
     def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -237,6 +247,53 @@ async def _poll(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await _send(send, answer)
 
 
+def _log_read_binding() -> facts.Binding | None:
+    try:
+        return facts.bind(log_views.RunLogView, ("pk",), uuid.UUID(int=0))
+    except facts.Off as exc:
+        # Readers are answered at once (wait ignored), as under WSGI.
+        log.warning("log reads with ?wait= are not parked: %s", exc, extra={"event": "logs.wait_off"})
+        return None
+
+
+LOG_READ = _log_read_binding()
+
+
+async def _log_read(scope: dict[str, Any], receive: Any, send: Any, run_id: uuid.UUID) -> None:
+    """``GET /runs/{id}/logs?wait=``: the view's answer, held on this loop while the view says it may park
+    (gantry.server.logwait), then asked again; no thread and no database connection while held."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    w = logwait.watcher()
+    try:
+        changed = await w.watch(run_id)  # confirmed before the first read: no push falls between
+    except logwait.Unavailable:
+        await _sync(scope, receive, send)  # type: ignore[arg-type]
+        return
+    disconnect = asyncio.ensure_future(_disconnected(receive))
+    logwait.PARKED.inc()
+    try:
+        while True:
+            park = live_logs.Park()
+            answer = await loop.run_in_executor(_sync.executor, _call_app, scope, {live_logs.PARK_ENVIRON_KEY: park})
+            remaining = started + park.wait - loop.time()
+            if park.wait <= 0 or remaining <= 0:
+                break
+            woken = asyncio.ensure_future(changed.wait())
+            done, _ = await asyncio.wait({woken, disconnect}, timeout=remaining, return_when="FIRST_COMPLETED")
+            woken.cancel()
+            if disconnect in done:
+                return  # nobody to answer
+            if woken not in done:
+                break  # the deadline: the last answer (nothing new) is the answer
+            changed.clear()  # before reading again: a push during the read wakes the next park
+    finally:
+        logwait.PARKED.dec()
+        w.unwatch(run_id, changed)
+        disconnect.cancel()
+    await _send(send, answer)
+
+
 async def _fast(route: lane.Route, scope: dict[str, Any], receive: Any, send: Any) -> None:
     """A hot runner call: the fast lane answers it (on this loop, or a sync thread), or Django does (the body
     replayed)."""
@@ -303,6 +360,14 @@ async def _lifespan(receive: Any, send: Any) -> None:
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"] == POLL_PATH and scope["method"] == "GET":
         await _poll(scope, receive, send)
+    elif (
+        scope["type"] == "http"
+        and scope["method"] == "GET"
+        and b"wait=" in scope.get("query_string", b"")
+        and LOG_READ is not None
+        and (ids := LOG_READ.ids(scope["path"])) is not None
+    ):
+        await _log_read(scope, receive, send, ids["pk"])
     elif scope["type"] == "http" and (route := lane.route_for(scope)) is not None and route is not lane.POLL:
         await _fast(route, scope, receive, send)
     elif scope["type"] == "lifespan":

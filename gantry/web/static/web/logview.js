@@ -306,10 +306,17 @@
 
   Viewer.prototype.say = function (text) { if (this.state) this.state.textContent = text; };
 
+  // Follows by long poll: the server holds an empty answer until the runner pushes (docs/logs.md, `wait`).
+  var WAIT_S = 25;
+  // An empty answer that came back sooner than this was not held (a server without the event loop's wait,
+  // or Redis away): pause as the timer-driven viewer did rather than ask again at once.
+  var HELD_MS = 1000;
+
   Viewer.prototype.follow = function () {
     var self = this;
     function tick() {
-      fetch(self.url + "?times=1&offset=" + self.offset, { credentials: "same-origin" })
+      var asked = Date.now();
+      fetch(self.url + "?times=1&wait=" + WAIT_S + "&offset=" + self.offset, { credentials: "same-origin" })
         .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
         .then(function (page) {
           if (page.times && page.times.length) {
@@ -328,7 +335,7 @@
           self.say(document.querySelector("[data-runner-silent]")
             ? "The runner is silent: the log stops where it last pushed (still checking for more)."
             : "Following the log live…");
-          setTimeout(tick, page.text ? 300 : 1500);
+          setTimeout(tick, page.text || Date.now() - asked >= HELD_MS ? 0 : 1500);
         })
         .catch(function (e) {
           self.say("Log unavailable (" + e.message + "); retrying.");
