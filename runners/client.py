@@ -19,17 +19,20 @@ one exception of 429 (honouring ``Retry-After``). Every error surfaces as
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import random
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+
+from gantry_wire.record import Frozen, Record
+
+# Start-up (docs/runners.md): typing, base64 and random are not loaded before a runner's ready.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 USER_AGENT = "gantry-runner/1"
 
@@ -64,8 +67,7 @@ class RequestAborted(ApiError):
         super().__init__(0, "aborted", "request aborted")
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
+class RetryPolicy(Frozen):
     """Exponential backoff with jitter: try ``attempts`` times, never past ``deadline`` seconds.
 
     The n-th pause is drawn from ``[floor * c, c]`` where ``c = min(cap, base * 2 ** (n - 1))``.
@@ -74,16 +76,24 @@ class RetryPolicy:
     server or launcher is never hammered by a pause drawn near zero.
     """
 
-    attempts: int = 5
-    base: float = 0.5
-    cap: float = 10.0
-    deadline: float | None = None
-    floor: float = 0.0
+    __slots__ = ("attempts", "base", "cap", "deadline", "floor")
+    attempts: int
+    base: float
+    cap: float
+    deadline: float | None
+    floor: float
+
+    def __init__(
+        self, attempts: int = 5, base: float = 0.5, cap: float = 10.0, deadline: float | None = None, floor: float = 0.0
+    ) -> None:
+        self._set(attempts=attempts, base=base, cap=cap, deadline=deadline, floor=floor)
 
     def delay(self, attempt: int) -> float:
         """The pause before try number ``attempt + 1`` (``attempt`` counts from 1)."""
         # The exponent is bounded: a loop failing for hours counts thousands of attempts.
         ceiling = min(self.cap, self.base * 2 ** min(max(attempt - 1, 0), 62))
+        import random  # here: not needed before a runner's ready (docs/runners.md, Start-up)
+
         return ceiling * self.floor + random.uniform(0, ceiling * (1 - self.floor))
 
 
@@ -114,35 +124,46 @@ DEFAULT_RETRY = RetryPolicy()
 READY_RETRY = RetryPolicy(attempts=1000, base=0.5, cap=5.0, deadline=30.0)
 
 
-@dataclass
-class Response:
+class Response(Record):
+    __slots__ = ("body", "headers", "reason", "status")
     status: int
     # Names lowercased (HTTP's are case-insensitive): look them up as "content-type".
     headers: Mapping[str, str]
     body: bytes
-    reason: str = ""  # the status line's reason phrase
+    reason: str  # the status line's reason phrase
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes, reason: str = "") -> None:
+        self.status, self.headers, self.body, self.reason = status, headers, body, reason
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(Frozen):
     """A poll's answer: the run this group claimed and the credentials for its runner."""
 
+    __slots__ = ("assigned_expires_at", "run_id", "runner_id", "runner_token")
     run_id: str
     runner_id: str
     runner_token: str
     assigned_expires_at: str
 
+    def __init__(self, run_id: str, runner_id: str, runner_token: str, assigned_expires_at: str) -> None:
+        self._set(
+            run_id=run_id, runner_id=runner_id, runner_token=runner_token, assigned_expires_at=assigned_expires_at
+        )
 
-@dataclass(frozen=True)
-class Upload:
+
+class Upload(Frozen):
     """Where to PUT a sealed chunk (a presigned S3 URL, or Gantry's own signed upload URL)."""
 
+    __slots__ = ("headers", "method", "url")
     url: str
-    method: str = "PUT"
-    headers: dict[str, str] = field(default_factory=dict)
+    method: str
+    headers: dict[str, str]
+
+    def __init__(self, url: str, method: str = "PUT", headers: dict[str, str] | None = None) -> None:
+        self._set(url=url, method=method, headers=dict(headers or {}))
 
 
 def _error_from(status: int, body: bytes, reason: str = "") -> ApiError:
@@ -158,6 +179,8 @@ def _error_from(status: int, body: bytes, reason: str = "") -> ApiError:
 
 def _jwt_part(token: str, index: int) -> dict[str, Any] | None:
     """The JSON object in part ``index`` (0 the header, 1 the claims) of a JWT, unverified; None if unreadable."""
+    import base64  # here: not needed before a runner's ready (docs/runners.md, Start-up)
+
     try:
         part = token.split(".")[index]
         value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
