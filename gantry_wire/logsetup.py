@@ -14,7 +14,10 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any
+
+TYPE_CHECKING = False  # typing stays out of a runner's start-up (docs/runners.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}

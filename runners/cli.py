@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
-from typing import NoReturn, TypeVar
 
-N = TypeVar("N", int, float)
+# typing stays out of a runner's start-up (docs/runners.md): these are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import NoReturn, TypeVar
+
+    N = TypeVar("N", int, float)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -1,10 +1,14 @@
 """A small HTTP client for Gantry's API (docs/protocol.md, docs/logs.md).
 
-Standard library only (``http.client``): runner hosts install nothing else.
-One connection per request keeps the client trivially thread-safe (the
-ephemeral runner calls it from its main, status and log threads at once); the
-request rates involved (a poll per 30 s, a status per 5 s, a chunk per MiB of
-output) make connection reuse irrelevant.
+Standard library only: runner hosts install nothing else. The transport is
+a small HTTP/1.1 client on a socket (:func:`_request_bytes`, :func:`_read_answer`), not ``http.client``:
+importing that (and the ``email`` package it parses headers with) was a
+quarter of an ephemeral runner's start-up (docs/runners.md, "Start-up").
+``ssl`` is imported only for an https URL. One connection per request
+(``Connection: close``) keeps the client trivially thread-safe (the ephemeral
+runner calls it from its main, status and log threads at once); the request
+rates involved (a poll per 30 s, a status per 5 s, a chunk per MiB of output)
+make connection reuse irrelevant.
 
 Retries: connection errors, 5xx and 429 are retried with exponential backoff
 and full jitter, within a bounded number of attempts and an optional overall
@@ -15,19 +19,20 @@ one exception of 429 (honouring ``Retry-After``). Every error surfaces as
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import http.client
 import json
-import random
 import socket
-import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+
+from gantry_wire.record import Frozen, Record
+
+# Start-up (docs/runners.md): typing, base64 and random are not loaded before a runner's ready.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 USER_AGENT = "gantry-runner/1"
 
@@ -62,8 +67,7 @@ class RequestAborted(ApiError):
         super().__init__(0, "aborted", "request aborted")
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
+class RetryPolicy(Frozen):
     """Exponential backoff with jitter: try ``attempts`` times, never past ``deadline`` seconds.
 
     The n-th pause is drawn from ``[floor * c, c]`` where ``c = min(cap, base * 2 ** (n - 1))``.
@@ -72,16 +76,24 @@ class RetryPolicy:
     server or launcher is never hammered by a pause drawn near zero.
     """
 
-    attempts: int = 5
-    base: float = 0.5
-    cap: float = 10.0
-    deadline: float | None = None
-    floor: float = 0.0
+    __slots__ = ("attempts", "base", "cap", "deadline", "floor")
+    attempts: int
+    base: float
+    cap: float
+    deadline: float | None
+    floor: float
+
+    def __init__(
+        self, attempts: int = 5, base: float = 0.5, cap: float = 10.0, deadline: float | None = None, floor: float = 0.0
+    ) -> None:
+        self._set(attempts=attempts, base=base, cap=cap, deadline=deadline, floor=floor)
 
     def delay(self, attempt: int) -> float:
         """The pause before try number ``attempt + 1`` (``attempt`` counts from 1)."""
         # The exponent is bounded: a loop failing for hours counts thousands of attempts.
         ceiling = min(self.cap, self.base * 2 ** min(max(attempt - 1, 0), 62))
+        import random  # here: not needed before a runner's ready (docs/runners.md, Start-up)
+
         return ceiling * self.floor + random.uniform(0, ceiling * (1 - self.floor))
 
 
@@ -112,37 +124,49 @@ DEFAULT_RETRY = RetryPolicy()
 READY_RETRY = RetryPolicy(attempts=1000, base=0.5, cap=5.0, deadline=30.0)
 
 
-@dataclass
-class Response:
+class Response(Record):
+    __slots__ = ("body", "headers", "reason", "status")
     status: int
     # Names lowercased (HTTP's are case-insensitive): look them up as "content-type".
     headers: Mapping[str, str]
     body: bytes
+    reason: str  # the status line's reason phrase
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes, reason: str = "") -> None:
+        self.status, self.headers, self.body, self.reason = status, headers, body, reason
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(Frozen):
     """A poll's answer: the run this group claimed and the credentials for its runner."""
 
+    __slots__ = ("assigned_expires_at", "run_id", "runner_id", "runner_token")
     run_id: str
     runner_id: str
     runner_token: str
     assigned_expires_at: str
 
+    def __init__(self, run_id: str, runner_id: str, runner_token: str, assigned_expires_at: str) -> None:
+        self._set(
+            run_id=run_id, runner_id=runner_id, runner_token=runner_token, assigned_expires_at=assigned_expires_at
+        )
 
-@dataclass(frozen=True)
-class Upload:
+
+class Upload(Frozen):
     """Where to PUT a sealed chunk (a presigned S3 URL, or Gantry's own signed upload URL)."""
 
+    __slots__ = ("headers", "method", "url")
     url: str
-    method: str = "PUT"
-    headers: dict[str, str] = field(default_factory=dict)
+    method: str
+    headers: dict[str, str]
+
+    def __init__(self, url: str, method: str = "PUT", headers: dict[str, str] | None = None) -> None:
+        self._set(url=url, method=method, headers=dict(headers or {}))
 
 
-def _error_from(status: int, body: bytes) -> ApiError:
+def _error_from(status: int, body: bytes, reason: str = "") -> ApiError:
     try:
         data = json.loads(body) if body else None
     except ValueError:
@@ -150,11 +174,13 @@ def _error_from(status: int, body: bytes) -> ApiError:
     if isinstance(data, dict) and "code" in data:
         return ApiError(status, str(data["code"]), str(data.get("detail", "")), data)
     text = body[:300].decode("utf-8", errors="replace").strip()
-    return ApiError(status, f"http_{status}", text or http.client.responses.get(status, "error"), data)
+    return ApiError(status, f"http_{status}", text or reason or "error", data)
 
 
 def _jwt_part(token: str, index: int) -> dict[str, Any] | None:
     """The JSON object in part ``index`` (0 the header, 1 the claims) of a JWT, unverified; None if unreadable."""
+    import base64  # here: not needed before a runner's ready (docs/runners.md, Start-up)
+
     try:
         part = token.split(".")[index]
         value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
@@ -193,6 +219,109 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
+_PORTS = {"http": 80, "https": 443}
+# Limits on what the server sends back, as http.client has them: a broken peer cannot make us read for ever.
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+_BODYLESS = ("POST", "PUT", "PATCH")  # methods that announce an empty body (Content-Length: 0), as http.client does
+
+
+class ProtocolError(Exception):
+    """The peer's answer is not HTTP/1.x we can read (treated like a connection error: the server is unreachable)."""
+
+
+def _clean(value: str, what: str) -> str:
+    # Header injection: a CR or LF in a name or value (an upload's headers come from the server) would end the header.
+    if "\r" in value or "\n" in value or "\0" in value:
+        raise ValueError(f"invalid character in HTTP {what}: {value!r}")
+    return value
+
+
+def _request_bytes(method: str, host: str, target: str, payload: bytes | None, headers: Mapping[str, str]) -> bytes:
+    """One HTTP/1.1 request, whole; a bad character raises ValueError here, before anything is connected or sent."""
+    if any(c <= " " or c == "\x7f" for c in target):
+        raise ValueError(f"invalid character in the request target {target!r}")
+    lines = [f"{_clean(method, 'method')} {target} HTTP/1.1", f"Host: {_clean(host, 'host')}"]
+    lines += [f"{_clean(name, 'header name')}: {_clean(value, 'header value')}" for name, value in headers.items()]
+    if payload is not None or method in _BODYLESS:
+        lines.append(f"Content-Length: {len(payload or b'')}")
+    lines += ["Accept-Encoding: identity", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + (payload or b"")
+
+
+def _read_answer(sock: socket.socket, method: str) -> Response:
+    """The answer on ``sock``: its body framed by Content-Length, chunked, or up to the close."""
+    with sock.makefile("rb") as stream:
+        while True:
+            status, reason = _status_line(_line(stream))
+            answer = _headers(stream)
+            if not 100 <= status < 200:
+                break  # an interim answer (100 Continue, 103 Early Hints) is followed by the real one
+        if method == "HEAD" or status in (204, 304):
+            body = b""
+        elif "chunked" in answer.get("transfer-encoding", "").lower():
+            body = _chunked(stream)
+        elif "content-length" in answer:
+            length = answer["content-length"].strip()
+            if not length.isdigit():
+                raise ProtocolError(f"bad Content-Length {length!r}")
+            body = stream.read(int(length))
+            if len(body) != int(length):
+                raise ProtocolError(f"answer cut short: {len(body)} of {length} bytes")
+        else:
+            body = stream.read()  # neither: the body ends where the server closes the connection
+    return Response(status, answer, body, reason)
+
+
+def _line(stream: Any) -> bytes:
+    line: bytes = stream.readline(_MAX_LINE + 1)
+    if len(line) > _MAX_LINE:
+        raise ProtocolError("answer line too long")
+    if not line:
+        raise ProtocolError("the connection closed before the answer was complete")
+    return line
+
+
+def _status_line(line: bytes) -> tuple[int, str]:
+    version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        raise ProtocolError(f"not an HTTP/1.x status line: {line[:100]!r}")
+    return int(code), reason.strip()
+
+
+def _headers(stream: Any) -> dict[str, str]:
+    """The header block up to its blank line; names lowercased, a repeated name keeps its last value."""
+    found: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS + 1):
+        line = _line(stream).decode("latin-1")
+        if line in ("\r\n", "\n"):
+            return found
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise ProtocolError(f"bad header line {line[:100]!r}")
+        found[name.strip().lower()] = value.strip()
+    raise ProtocolError(f"more than {_MAX_HEADERS} headers")
+
+
+def _chunked(stream: Any) -> bytes:
+    """A chunked body: hex-sized chunks (extensions after ``;`` ignored) up to the zero chunk, then its trailers."""
+    parts: list[bytes] = []
+    while True:
+        size_text = _line(stream).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ProtocolError(f"bad chunk size {size_text[:20]!r}") from None
+        if size == 0:
+            _headers(stream)  # trailers, if any: read and dropped
+            return b"".join(parts)
+        data = stream.read(size)
+        if len(data) != size or _line(stream) not in (b"\r\n", b"\n"):
+            raise ProtocolError("chunk cut short")
+        parts.append(data)
+
+
 class GantryClient:
     """Calls the API of the Gantry at ``server`` (the service root URL) with ``token``.
 
@@ -220,7 +349,7 @@ class GantryClient:
         self.retry = retry
         self._sleep = sleep
         self._lock = threading.Lock()
-        self._inflight: set[http.client.HTTPConnection] = set()
+        self._inflight: set[socket.socket] = set()
         self._aborted = False
         # Unix time of the last answer below 400 (the coordinator's /healthz and metrics read it).
         self.last_success: float | None = None
@@ -253,12 +382,10 @@ class GantryClient:
         """
         self._aborted = True
         with self._lock:
-            conns = list(self._inflight)
-        for conn in conns:
-            sock = conn.sock
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            socks = list(self._inflight)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def request(
         self,
@@ -301,7 +428,7 @@ class GantryClient:
                 if resp.status < 400:
                     self.last_success = time.time()
                     return resp
-                error = _error_from(resp.status, resp.body)
+                error = _error_from(resp.status, resp.body, resp.reason)
                 wait = _retry_after(resp.headers) if resp.status == 429 else None
             if isinstance(error, RequestAborted) or not error.transient or attempt >= policy.attempts:
                 raise error
@@ -321,33 +448,33 @@ class GantryClient:
         if abortable and self._aborted:
             raise RequestAborted()
         parts = urllib.parse.urlsplit(url)
-        conn: http.client.HTTPConnection
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(
-                parts.hostname or "", parts.port, timeout=timeout, context=ssl.create_default_context()
-            )
-        else:
-            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
         target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
-        if abortable:
-            with self._lock:
-                self._inflight.add(conn)
+        host = parts.netloc.rpartition("@")[2]  # never the URL's user:password
+        request = _request_bytes(method, host, target, payload, headers)
+        sock: socket.socket | None = None
         try:
-            conn.request(method, target, body=payload, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            # Header names are case-insensitive and servers differ (uvicorn sends them lowercased):
-            # lowercased here, so every lookup is by the lowercase name.
-            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
-        except (OSError, http.client.HTTPException) as exc:
+            sock = socket.create_connection((parts.hostname or "", parts.port or _PORTS[parts.scheme]), timeout)
+            if parts.scheme == "https":
+                import ssl  # only here: a plain-http runner never pays for importing it
+
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+            if abortable:
+                with self._lock:
+                    self._inflight.add(sock)
+                if self._aborted:  # abort() ran while we connected: it could not see this socket
+                    raise RequestAborted()
+            sock.sendall(request)
+            return _read_answer(sock, method)
+        except (OSError, ProtocolError) as exc:
             if abortable and self._aborted:
                 raise RequestAborted() from exc
             raise ServerUnreachable(f"{method} {parts.path}: {type(exc).__name__}: {exc}") from exc
         finally:
-            if abortable:
-                with self._lock:
-                    self._inflight.discard(conn)
-            conn.close()
+            if sock is not None:
+                if abortable:
+                    with self._lock:
+                        self._inflight.discard(sock)
+                sock.close()
 
     # ------------------------------------------------------------ runner group (group JWT)
 

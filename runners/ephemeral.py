@@ -33,27 +33,30 @@ import argparse
 import contextlib
 import logging
 import os
-import shutil
-import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 from gantry_wire import logsetup
 from gantry_wire.logsetup import event
 from gantry_wire.protocol import STEP_INHERITED_ENV, TERMINAL_STATUSES
+from gantry_wire.record import Frozen, Record
 from runners.cli import check_range, env_number
 from runners.client import ApiError, GantryClient, RetryPolicy, ServerUnreachable, fetch_actions_oidc_token
-from runners.logbuf import LogBuffer, LogShipper, Manifest
-from runners.masking import SecretMasker
-from runners.steps import EXIT_CANNOT_EXECUTE, EXIT_TIMEOUT, STOP_WORDS, StepLog, StepStartFailed, StepSupervisor
+
+# Start-up (docs/runners.md): what only runs after ``ready`` (the step supervisor, the log buffer and
+# shipper, masking, shutil, tempfile, signal) is imported where it is used, so a launcher's runner reaches
+# ``ready`` having loaded little more than the client; tests/runners/test_import_budget.py keeps it so.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from types import FrameType
+    from typing import Any
+
+    from runners.logbuf import LogBuffer, LogShipper, Manifest
+    from runners.steps import StepLog
 
 log = logging.getLogger("gantry.runner")
 
@@ -72,32 +75,53 @@ CREDENTIAL_ENV = (
 )  # fmt: skip
 
 
-@dataclass
-class Config:
+class Config(Record):
+    __slots__ = (
+        "exit_file", "grace", "keep_work_dir", "launcher", "oidc", "run_id", "runner_id", "server", "timeout",
+        "token", "work_dir",
+    )  # fmt: skip
     server: str
     runner_id: str
     run_id: str
     token: str
     work_dir: Path
-    launcher: str = ""
-    grace: float = 10.0
-    keep_work_dir: bool = False
-    exit_file: Path | None = None
-    timeout: float = 30.0
+    launcher: str
+    grace: float
+    keep_work_dir: bool
+    exit_file: Path | None
+    timeout: float
     # Where the runner token comes from when none was given: an OIDC exchange (github_actions groups).
-    oidc: OidcSource | None = None
+    oidc: OidcSource | None
+    _hidden = frozenset({"token"})
+
+    def __init__(
+        self, server: str, runner_id: str, run_id: str, token: str, work_dir: Path, launcher: str = "",
+        grace: float = 10.0, keep_work_dir: bool = False, exit_file: Path | None = None, timeout: float = 30.0,
+        oidc: OidcSource | None = None,
+    ) -> None:  # fmt: skip
+        self.server, self.runner_id, self.run_id, self.token, self.work_dir = server, runner_id, run_id, token, work_dir
+        self.launcher, self.grace, self.keep_work_dir, self.exit_file = launcher, grace, keep_work_dir, exit_file
+        self.timeout, self.oidc = timeout, oidc
 
 
-@dataclass(frozen=True)
-class OidcSource:
+class OidcSource(Frozen):
     """A GitHub OIDC token to exchange for the runner token: given (``GANTRY_OIDC_TOKEN``, ``_FILE``), or asked
     of GitHub Actions (``ACTIONS_ID_TOKEN_REQUEST_URL`` / ``_TOKEN``) for ``GANTRY_OIDC_AUDIENCE``."""
 
-    token: str = field(default="", repr=False)
-    request_url: str = ""
-    request_token: str = field(default="", repr=False)
-    audience: str = "gantry"
-    correlation: str = ""
+    __slots__ = ("audience", "correlation", "request_token", "request_url", "token")
+    token: str
+    request_url: str
+    request_token: str
+    audience: str
+    correlation: str
+    _hidden = frozenset({"token", "request_token"})
+
+    def __init__(
+        self, token: str = "", request_url: str = "", request_token: str = "", audience: str = "gantry",
+        correlation: str = "",
+    ) -> None:  # fmt: skip
+        self._set(token=token, request_url=request_url, request_token=request_token)
+        self._set(audience=audience, correlation=correlation)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OidcSource | None:
@@ -134,6 +158,12 @@ def _token_from_file(path: str) -> str:
     return token
 
 
+def _default_work_dir() -> str:
+    import tempfile  # only without GANTRY_WORK_DIR (launchers set it): importing it costs a runner's start-up
+
+    return str(Path(tempfile.gettempdir()) / "gantry-work")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Config:
     env = os.environ
     parser = argparse.ArgumentParser(
@@ -149,7 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--run-id", default=env.get("GANTRY_RUN_ID"), help="[GANTRY_RUN_ID]")
     parser.add_argument(
         "--work-dir",
-        default=env.get("GANTRY_WORK_DIR") or str(Path(tempfile.gettempdir()) / "gantry-work"),
+        default=env.get("GANTRY_WORK_DIR") or _default_work_dir(),
         help="parent of the run's fresh work folder <dir>/<run id> [GANTRY_WORK_DIR; default $TMPDIR/gantry-work]",
     )
     parser.add_argument("--launcher", default=env.get("GANTRY_LAUNCHER", ""), help="reported to the server on ready")
@@ -193,13 +223,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     )
 
 
-@dataclass
-class Result:
+class Result(Record):
     """How the run ended, as reported to /done."""
 
+    __slots__ = ("error", "exit_code", "outcome")
     outcome: str  # succeeded | failure | cancelled
     exit_code: int | None
-    error: str = ""
+    error: str
+
+    def __init__(self, outcome: str, exit_code: int | None, error: str = "") -> None:
+        self.outcome, self.exit_code, self.error = outcome, exit_code, error
 
 
 class RunLost(Exception):
@@ -225,6 +258,8 @@ class EphemeralRunner:
     # ------------------------------------------------------------ entry
 
     def install_signal_handlers(self) -> None:
+        import signal
+
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
 
@@ -309,6 +344,13 @@ class EphemeralRunner:
     # ------------------------------------------------------------ the run
 
     def _execute(self, context: dict[str, Any]) -> Result:
+        # Imported here, after ready and accept: none of it is needed to get that far (docs/runners.md, Start-up).
+        import shutil
+
+        from runners.logbuf import LogBuffer, LogShipper
+        from runners.masking import SecretMasker
+        from runners.steps import StepLog
+
         spec = context.get("spec") or {}
         logs = context.get("logs") or {}
         self.buf = LogBuffer(
@@ -355,6 +397,8 @@ class EphemeralRunner:
         return env
 
     def _run_steps(self, spec: dict[str, Any], env: dict[str, str], work: Path) -> Result:
+        from runners.steps import EXIT_CANNOT_EXECUTE, STOP_WORDS, StepStartFailed, StepSupervisor
+
         steps = spec.get("steps") or []
         timeout = float(spec.get("timeout_seconds") or 3600)
         deadline = time.monotonic() + timeout
@@ -394,6 +438,8 @@ class EphemeralRunner:
         return Result("succeeded", 0)
 
     def _interrupted(self, why: str, code: int | None, timeout: float) -> Result:
+        from runners.steps import EXIT_TIMEOUT
+
         if why == "lost":
             raise RunLost(self._lost_reason)
         if why == "cancelled":
