@@ -548,7 +548,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--warm",
         type=int,
         default=env_number(parser, "GANTRY_WARM", int, 0),
-        help="runners kept started and waiting for a claim, 0 to --max-parallel (local and docker launchers); "
+        help="runners kept started and waiting for a claim, 0 to --max-parallel (the local launcher); "
         "--max-parallel counts busy workers only [GANTRY_WARM; default 0]",
     )
     parser.add_argument(
@@ -607,6 +607,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     check_range(parser, args.max_parallel, "--max-parallel (GANTRY_MAX_PARALLEL)", 1, None)
     # Bounded: each warm runner is a process (a container) held idle; more than can ever be busy at once is waste.
     check_range(parser, args.warm, "--warm (GANTRY_WARM)", 0, args.max_parallel)
+    if args.warm and not launchers.get(args.launcher).supports_warm:
+        parser.error(f"--warm (GANTRY_WARM): the {args.launcher} launcher keeps no warm runners (local does)")
     check_range(parser, args.wait, "--wait (GANTRY_POLL_WAIT)", 0, 30)
     check_range(parser, args.reconcile_interval, "--reconcile-interval (GANTRY_RECONCILE_INTERVAL)", 0.1, 300)
     check_range(parser, args.backoff_cap, "--backoff-cap", 0.01, None)
@@ -639,10 +641,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             launcher = launchers.create(args.launcher, state_dir=state_dir, options=args.options)
         except ValueError as exc:
             event(log, "coordinator.bad_launcher", "%s", exc, level=logging.ERROR)
-            return EXIT_USAGE
-        if args.warm and not launcher.supports_warm:
-            event(log, "coordinator.bad_launcher", "--warm: the %s launcher keeps no warm runners (local, docker do)",
-                  args.launcher, level=logging.ERROR)  # fmt: skip
             return EXIT_USAGE
         # Checked here, after the options (a usage error is 2 whatever the token), before any request.
         problem = group_token_problem(args.token)

@@ -221,9 +221,13 @@ def test_the_warm_count_stays_n_while_runs_flow(site: Site, coordinators: list[C
     [
         (["--max-parallel", "2", "--warm", "3"], "--warm (GANTRY_WARM) must be from 0 to 2, not 3"),
         (["--warm", "-1"], "--warm (GANTRY_WARM) must be from 0 to 4, not -1"),
+        (
+            ["--launcher", "docker", "--launcher-option", "image=gantry-runner:local", "--warm", "1"],
+            "--warm (GANTRY_WARM): the docker launcher keeps no warm runners (local does)",
+        ),
     ],
 )
-def test_warm_is_bounded_by_max_parallel(tmp_path: Path, args: list[str], says: str) -> None:
+def test_warm_is_bounded_and_needs_a_launcher_with_warm_runners(tmp_path: Path, args: list[str], says: str) -> None:
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), "GANTRY_GROUP_TOKEN": "x.y.z"}
     argv = [sys.executable, "-m", "runners.coordinator", "--server", "http://127.0.0.1:9",
             "--state-dir", str(tmp_path), *args]  # fmt: skip
