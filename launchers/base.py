@@ -9,6 +9,13 @@ runner they start does, and the coordinator reports a failed launch and
 reconciles its workers with Gantry (it asks :meth:`Launcher.is_alive` every
 few seconds; a launcher that learns of an exit sooner calls
 :meth:`Launcher.notify_exit`, and the coordinator looks at once).
+
+A launcher that can keep runners *warm* (``supports_warm``; the coordinator's
+``--warm N``, runners.warm) also starts runners that hold no run and no
+credential (:meth:`Launcher.start_warm`), hands one a claim
+(:meth:`Launcher.assign_warm`, after which it is an ordinary worker), and
+watches and stops the idle ones (:meth:`Launcher.warm_alive`,
+:meth:`Launcher.stop_warm`).
 """
 
 from __future__ import annotations
@@ -62,6 +69,16 @@ class WorkerHandle:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class WarmWorker:
+    """A runner started ahead of any claim, waiting for one: it holds no run and no credential."""
+
+    kind: str
+    ident: str
+    started_at: float  # epoch seconds
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class UnseenExit:
     """A worker that ended while no coordinator watched, found (and reaped) by :meth:`Launcher.discover`."""
@@ -73,6 +90,8 @@ class UnseenExit:
 
 class Launcher(ABC):
     kind: ClassVar[str] = ""
+    # Whether start_warm / assign_warm / warm_alive / stop_warm work (the coordinator's --warm).
+    supports_warm: ClassVar[bool] = False
     # Set by the coordinator before the first call: the group it serves. A
     # launcher that labels its workers discovers only its own group's, so two
     # coordinators sharing a Docker host or a namespace never touch each other's.
@@ -133,4 +152,30 @@ class Launcher(ABC):
         """The last ``limit`` lines the worker's runner wrote to its own output (its stdout and stderr),
         oldest first; empty when the launcher cannot tell. Read before :meth:`reap`, which may delete them:
         they go into the failure reason of a run whose worker died."""
+        return []
+
+    # ------------------------------------------------------------ warm runners (supports_warm)
+
+    def start_warm(self) -> WarmWorker:
+        """Start a runner that waits for a claim; :class:`LaunchError` when it cannot be started."""
+        raise LaunchError(f"the {self.kind or type(self).__name__} launcher keeps no warm runners", permanent=True)
+
+    def assign_warm(self, warm: WarmWorker, assignment: Assignment) -> WorkerHandle:
+        """Hand ``warm`` its claim: from here on it is the worker of ``assignment``'s run, as if just launched.
+
+        :class:`LaunchError` when the warm runner cannot take it (it died): it
+        then holds nothing, and the coordinator launches the run cold.
+        """
+        raise LaunchError(f"the {self.kind or type(self).__name__} launcher keeps no warm runners", permanent=True)
+
+    def warm_alive(self, warm: WarmWorker) -> bool:
+        """Whether a warm runner still waits."""
+        return False
+
+    def stop_warm(self, warm: WarmWorker) -> int | None:
+        """Stop a warm runner (it holds nothing: no grace is owed) and forget it; its exit code when known."""
+        return None
+
+    def warm_last_lines(self, warm: WarmWorker, limit: int = 20) -> list[str]:
+        """The tail of a warm runner's own output (why it died), read before :meth:`stop_warm`; empty if unknown."""
         return []

@@ -10,6 +10,8 @@ State folder (``--state-dir``)::
                             (GANTRY_EXIT_FILE) so a restarted coordinator, which
                             cannot wait() for a process it did not start, learns it
     logs/<run id>.log       the runner's own stdout and stderr (JSON lines)
+    logs/warm-<id>.log      a warm runner's, while it waits; renamed to
+                            <run id>.log when it is handed its claim
     work/                   the runners' work folders (GANTRY_WORK_DIR)
 
 Workers run in a session of their own (``start_new_session``), so they
@@ -20,6 +22,15 @@ pid is never mistaken for a worker.
 
 The runner token travels in the worker's environment, never on its command
 line (which any user can read with ``ps``).
+
+Warm runners (``--warm N``, runners.warm): ``python -m runners.ephemeral
+--warm warm-<id>`` started with the launcher's environment but nothing of a
+run, its stdin a pipe from the coordinator. :meth:`LocalLauncher.assign_warm`
+writes the worker record (its marker is the warm id on its command line), then
+one JSON line with the run's environment (the token among it) to that pipe
+and closes it; from then on it is an ordinary worker. A warm runner that reads
+end-of-file (the coordinator stopped it, or died) exits 0 holding nothing, so
+nothing of an idle warm runner is recorded or re-attached.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,17 +53,21 @@ from gantry_wire import procfs
 from gantry_wire.logsetup import event
 from gantry_wire.protocol import RUNNER_INHERITED_ENV
 from launchers import register
-from launchers.base import Assignment, Launcher, LaunchError, UnseenExit, WorkerHandle
+from launchers.base import Assignment, Launcher, LaunchError, UnseenExit, WarmWorker, WorkerHandle
 
 log = logging.getLogger("gantry.launcher.local")
 
 # The folder holding the `runners` and `gantry_wire` packages: the worker's working directory and PYTHONPATH.
 CODE_ROOT = Path(__file__).resolve().parent.parent
 MODULE = "runners.ephemeral"
+# A warm runner that exits when its stdin closes should be gone within this; else it is killed.
+WARM_STOP_WAIT = 2.0
 
 
 @register("local")
 class LocalLauncher(Launcher):
+    supports_warm = True
+
     def __init__(
         self,
         state_dir: Path,
@@ -74,6 +90,8 @@ class LocalLauncher(Launcher):
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         # Workers discover() found ended, until the coordinator takes them.
         self._unseen: list[UnseenExit] = []
+        # Warm runners waiting for a claim, by warm id: their stdin is the pipe the claim goes down.
+        self._warm: dict[str, subprocess.Popen[bytes]] = {}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
@@ -98,36 +116,38 @@ class LocalLauncher(Launcher):
 
     # ------------------------------------------------------------ launch
 
-    def _env(self, assignment: Assignment) -> dict[str, str]:
+    def _base_env(self) -> dict[str, str]:
+        """What every runner this launcher starts gets, warm or cold: nothing of a run."""
         env = {name: os.environ[name] for name in (*RUNNER_INHERITED_ENV, *self.pass_env) if name in os.environ}
         env.update(self.extra_env)
         env.update(
             {
                 "PYTHONPATH": str(CODE_ROOT),
                 "PYTHONUNBUFFERED": "1",
-                "GANTRY_SERVER": assignment.server,
-                "GANTRY_RUN_ID": assignment.run_id,
-                "GANTRY_RUNNER_ID": assignment.runner_id,
-                "GANTRY_RUNNER_TOKEN": assignment.runner_token,
-                "GANTRY_EXIT_FILE": str(self._exit_file(assignment.run_id)),
                 "GANTRY_WORK_DIR": str(self.work_dir),
                 "GANTRY_LAUNCHER": "local",
             }
         )
         return env
 
-    def launch(self, assignment: Assignment) -> WorkerHandle:
-        # The run id on the command line (not a secret) is the marker that
-        # tells our worker apart from whatever else might get its pid later.
-        argv = [self.python, "-m", MODULE, "--run-id", assignment.run_id, "--launcher", "local"]
-        self._exit_file(assignment.run_id).unlink(missing_ok=True)
+    def _run_env(self, assignment: Assignment) -> dict[str, str]:
+        """The run's part: in a cold runner's environment, or down a warm runner's stdin."""
+        return {
+            "GANTRY_SERVER": assignment.server,
+            "GANTRY_RUN_ID": assignment.run_id,
+            "GANTRY_RUNNER_ID": assignment.runner_id,
+            "GANTRY_RUNNER_TOKEN": assignment.runner_token,
+            "GANTRY_EXIT_FILE": str(self._exit_file(assignment.run_id)),
+        }
+
+    def _start(self, argv: list[str], env: dict[str, str], log_path: Path, *, stdin: int) -> subprocess.Popen[bytes]:
         try:
-            with open(self.log_file(assignment.run_id), "ab") as output:
-                proc = subprocess.Popen(
+            with open(log_path, "ab") as output:
+                return subprocess.Popen(
                     argv,
                     cwd=CODE_ROOT,
-                    env=self._env(assignment),
-                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    stdin=stdin,
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     # Its own session: the coordinator's Ctrl-C or death does not reach it.
@@ -139,7 +159,22 @@ class LocalLauncher(Launcher):
             # shortage (EAGAIN, ENOMEM, EMFILE) may.
             permanent = isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError))
             raise LaunchError(f"cannot start {self.python} -m {MODULE}: {exc}", permanent=permanent) from exc
-        handle = WorkerHandle(
+
+    def launch(self, assignment: Assignment) -> WorkerHandle:
+        # The run id on the command line (not a secret) is the marker that
+        # tells our worker apart from whatever else might get its pid later.
+        argv = [self.python, "-m", MODULE, "--run-id", assignment.run_id, "--launcher", "local"]
+        self._exit_file(assignment.run_id).unlink(missing_ok=True)
+        env = {**self._base_env(), **self._run_env(assignment)}
+        proc = self._start(argv, env, self.log_file(assignment.run_id), stdin=subprocess.DEVNULL)
+        handle = self._handle(assignment, proc, marker=assignment.run_id)
+        self._children[assignment.run_id] = proc
+        self._write_record(handle)
+        self._watch(proc.pid)
+        return handle
+
+    def _handle(self, assignment: Assignment, proc: subprocess.Popen[bytes], *, marker: str) -> WorkerHandle:
+        return WorkerHandle(
             kind=self.kind,
             run_id=assignment.run_id,
             runner_id=assignment.runner_id,
@@ -149,12 +184,71 @@ class LocalLauncher(Launcher):
                 "pid": proc.pid,
                 "start_ticks": procfs.start_ticks(proc.pid),
                 "log": str(self.log_file(assignment.run_id)),
+                "marker": marker,
             },
         )
-        self._children[assignment.run_id] = proc
-        self._write_record(handle)
+
+    # ------------------------------------------------------------ warm runners
+
+    def start_warm(self) -> WarmWorker:
+        warm_id = f"warm-{uuid.uuid4().hex[:12]}"
+        log_path = self.logs_dir / f"{warm_id}.log"
+        # The warm id on the command line is its marker, as the run id is a cold runner's.
+        argv = [self.python, "-m", MODULE, "--warm", warm_id, "--launcher", "local"]
+        proc = self._start(argv, self._base_env(), log_path, stdin=subprocess.PIPE)
+        self._warm[warm_id] = proc
         self._watch(proc.pid)
+        return WarmWorker(kind=self.kind, ident=warm_id, started_at=time.time(),
+                          meta={"pid": proc.pid, "log": str(log_path)})  # fmt: skip
+
+    def assign_warm(self, warm: WarmWorker, assignment: Assignment) -> WorkerHandle:
+        proc = self._warm.get(warm.ident)
+        if proc is None or not _child_alive(proc):
+            raise LaunchError(f"warm runner {warm.ident} has exited")
+        self._exit_file(assignment.run_id).unlink(missing_ok=True)
+        handle = self._handle(assignment, proc, marker=warm.ident)
+        # The record before the claim: a coordinator killed between the two
+        # still leaves a record its successor re-attaches to.
+        self._write_record(handle)
+        message = json.dumps({"env": self._run_env(assignment)}).encode() + b"\n"
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(message)
+            proc.stdin.close()
+        except OSError as exc:  # it died just now: it read nothing, holds nothing
+            self._record(assignment.run_id).unlink(missing_ok=True)
+            raise LaunchError(f"warm runner {warm.ident} cannot take its claim: {exc}") from exc
+        # The open log file follows the rename: the worker's log is <run id>.log, as a cold one's.
+        with contextlib.suppress(OSError):
+            os.replace(warm.meta["log"], handle.meta["log"])
+        del self._warm[warm.ident]
+        self._children[assignment.run_id] = proc
         return handle
+
+    def warm_alive(self, warm: WarmWorker) -> bool:
+        proc = self._warm.get(warm.ident)
+        return proc is not None and _child_alive(proc)
+
+    def stop_warm(self, warm: WarmWorker) -> int | None:
+        """Close its stdin (it exits 0 at end-of-file, holding nothing); kill it if it does not go at once."""
+        proc = self._warm.pop(warm.ident, None)
+        if proc is None:
+            return None
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            code = proc.wait(WARM_STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        Path(warm.meta["log"]).unlink(missing_ok=True)
+        return code
+
+    def warm_last_lines(self, warm: WarmWorker, limit: int = 20) -> list[str]:
+        """The tail of a warm runner's own output (why it died, read before :meth:`stop_warm` deletes it)."""
+        return _tail(Path(warm.meta["log"]), limit)
 
     def _watch(self, pid: int) -> None:
         """Tell the coordinator the moment this child exits, so it is reaped (and reported) at once.
@@ -178,7 +272,7 @@ class LocalLauncher(Launcher):
             "pid": handle.meta["pid"],
             "start_ticks": handle.meta["start_ticks"],
             "started_at": handle.started_at,
-            "marker": [MODULE, handle.run_id],
+            "marker": [MODULE, handle.meta.get("marker") or handle.run_id],
             "log": handle.meta["log"],
         }
         path = self._record(handle.run_id)
@@ -204,6 +298,8 @@ class LocalLauncher(Launcher):
                         "pid": int(record["pid"]),
                         "start_ticks": record.get("start_ticks"),
                         "log": record.get("log"),
+                        # A warm-started worker's command line names its warm id, not its run.
+                        "marker": str(record.get("marker", [MODULE, record["run_id"]])[1]),
                     },
                 )
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -229,28 +325,13 @@ class LocalLauncher(Launcher):
     def is_alive(self, handle: WorkerHandle) -> bool:
         proc = self._children.get(handle.run_id)
         if proc is not None:
-            if proc.returncode is not None:
-                return False
-            try:
-                # WNOWAIT: look without reaping, so the zombie keeps the pid
-                # (and its session's id) reserved until reap() has swept it.
-                return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-            except ChildProcessError:
-                return proc.poll() is None
-        return _is_our_process(int(handle.meta["pid"]), handle.meta.get("start_ticks"), handle.run_id)
+            return _child_alive(proc)
+        marker = handle.meta.get("marker") or handle.run_id
+        return _is_our_process(int(handle.meta["pid"]), handle.meta.get("start_ticks"), marker)
 
     def last_lines(self, handle: WorkerHandle, limit: int = 20) -> list[str]:
         """The tail of the runner's own log file (``logs/<run id>.log``)."""
-        path = Path(handle.meta.get("log") or self.log_file(handle.run_id))
-        try:
-            with open(path, "rb") as fh:
-                # The tail only: a runner's own log is small, but never read it whole.
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 64 * 1024))
-                data = fh.read()
-        except OSError:
-            return []
-        return data.decode(errors="replace").splitlines()[-limit:]
+        return _tail(Path(handle.meta.get("log") or self.log_file(handle.run_id)), limit)
 
     # ------------------------------------------------------------ terminate / reap
 
@@ -292,8 +373,34 @@ class LocalLauncher(Launcher):
 # ---------------------------------------------------------------- processes (gantry_wire.procfs)
 
 
-def _is_our_process(pid: int, start_ticks: Any, run_id: str) -> bool:
-    """Whether ``pid`` is still the worker we started for ``run_id``: alive, same start time, our command line."""
+def _tail(path: Path, limit: int) -> list[str]:
+    """The last ``limit`` lines of a runner's own log file."""
+    try:
+        with open(path, "rb") as fh:
+            # The tail only: a runner's own log is small, but never read it whole.
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            data = fh.read()
+    except OSError:
+        return []
+    return data.decode(errors="replace").splitlines()[-limit:]
+
+
+def _child_alive(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether a child of ours still runs, looked at without reaping it."""
+    if proc.returncode is not None:
+        return False
+    try:
+        # WNOWAIT: look without reaping, so the zombie keeps the pid
+        # (and its session's id) reserved until reap() has swept it.
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return proc.poll() is None
+
+
+def _is_our_process(pid: int, start_ticks: Any, marker: str) -> bool:
+    """Whether ``pid`` is still the worker we started: alive, same start time, its ``marker`` (run id or warm id)
+    on its command line."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -308,7 +415,7 @@ def _is_our_process(pid: int, start_ticks: Any, run_id: str) -> bool:
     if start_ticks is not None and int(fields[procfs.START_TIME]) != int(start_ticks):
         return False  # the pid was reused
     argv = procfs.cmdline(pid)
-    return MODULE.encode() in argv and run_id.encode() in argv
+    return MODULE.encode() in argv and marker.encode() in argv
 
 
 def _kill_session(sid: int, *, leader_is_zombie: bool) -> int:

@@ -20,10 +20,16 @@ run no longer needs them. Every loop (the poll, launches, the report) backs
 off failures with one policy (``runners.client.Backoff``, up to
 ``--backoff-cap`` seconds); none is fatal.
 
+With ``--warm N`` (``runners.warm``) it keeps N runners started and waiting
+for a claim, beside its busy workers: a claim goes to a warm runner when one
+waits (else it is launched cold), and the reconciler's turns replace the warm
+runners that were handed a claim or died.
+
 SIGTERM or SIGINT: stop polling (a parked long poll is cut off), finish the
-launch in hand, take a last reconcile turn, exit 0. Running workers are left
-alone: they finish their runs by themselves, and the next coordinator
-re-attaches to them. A second signal exits at once.
+launch in hand, stop the warm runners (they hold nothing), take a last
+reconcile turn, exit 0. Running workers are left alone: they finish their runs
+by themselves, and the next coordinator re-attaches to them. A second signal
+exits at once.
 
 Before the first poll, one call with the token (``check_server``) tells a
 refused token or a URL that is not Gantry (exit 3) from a server that is not
@@ -33,7 +39,8 @@ up yet (waited for). Usage errors exit 2 with one line (docs/runners.md,
 
 Log lines are JSON with a stable ``event``: ``coordinator.started``,
 ``run.claimed``, ``worker.launched``, ``worker.reattached``, ``worker.exited``,
-``worker.stopping``, ``launch.retry``, ``dispatch.failed``, ``poll.backoff``,
+``worker.stopping``, ``warm.started``, ``warm.exited``, ``warm.start_failed``,
+``warm.stopped``, ``launch.retry``, ``dispatch.failed``, ``poll.backoff``,
 ``poll.unauthorized``, ``reconcile.backoff``, ``discover.failed``,
 ``coordinator.token_malformed``, ``coordinator.refused``, ``coordinator.stopped``.
 """
@@ -82,6 +89,7 @@ from runners.client import (
 )
 from runners.health import CoordinatorMetrics, HealthServer, Verdict, judge, parse_addr
 from runners.reconcile import Fleet, Reconciler, describe
+from runners.warm import WarmPool
 
 log = logging.getLogger("gantry.coordinator")
 
@@ -109,6 +117,8 @@ class Settings:
     reconcile_interval: float = 5.0
     # The runners' own grace (GANTRY_STOP_GRACE): a stopped worker gets this long, and a margin, before SIGKILL.
     stop_grace: float = 10.0
+    # Warm runners kept waiting for a claim (--warm); not counted in max_parallel, at most that many.
+    warm: int = 0
 
     def backoff(self) -> RetryPolicy:
         """The one policy every loop backs off with: doubling from ``backoff_base`` up to ``backoff_cap``."""
@@ -158,6 +168,7 @@ class Coordinator:
         # that cannot launch would fail every run it claims.
         self._hold_until = 0.0
         self._signals = 0
+        self.warm = WarmPool(launcher, self.settings.warm, self.settings.backoff()) if self.settings.warm else None
         # Its own client, so its own HTTP connections: a parked long poll never delays a report.
         self.reconciler = Reconciler(
             client=reconcile_client or GantryClient(client.server, client.token, timeout=client.timeout),
@@ -167,6 +178,7 @@ class Coordinator:
             backoff=self.settings.backoff(),
             stop_grace=self.settings.stop_grace,
             dispatch_failed=self._startup_failed,
+            warm=self.warm,
         )
         # For tests and metrics: what happened so far.
         self.claimed = 0
@@ -208,6 +220,9 @@ class Coordinator:
         self.reconciler.start()
         while not self.stop_event.is_set():
             self.poll_turn()
+        if self.warm is not None:
+            stopped = self.warm.close()
+            event(log, "warm.stopped", "stopped %d warm runner(s)", stopped, count=stopped)
         self.reconciler.stop()
         event(log, "coordinator.stopped", "stopped; leaving %d worker(s) running", len(self.fleet),
               workers=sorted(self.workers))  # fmt: skip
@@ -283,39 +298,50 @@ class Coordinator:
             assigned_expires_at=claim.assigned_expires_at,
             group_id=self.group_id,
         )
-        retry = self.settings.launch_retry()
-        attempt = 0
         self._launching = True
         try:
-            while True:
-                attempt += 1
-                reason = "permanent"
-                try:
-                    handle = self.launcher.launch(assignment)
-                    break
-                except LaunchError as exc:
-                    error = exc
-                except Exception as exc:  # a launcher bug must not strand a claimed run or kill the daemon
-                    log.exception("launcher error", extra={"event": "launch.crashed", "run_id": claim.run_id})
-                    error = LaunchError(f"{type(exc).__name__}: {exc}", permanent=True)
-                    reason = "launcher_error"
-                if error.permanent or attempt >= retry.attempts:
-                    self._dispatch_failed(claim.run_id, claim.runner_id, error,
-                                          reason=reason if error.permanent else "retries_exhausted")  # fmt: skip
-                    return
-                event(log, "launch.retry", "launch of run %s failed (transient), retrying: %s", claim.run_id,
-                      error.message, level=logging.WARNING, run_id=claim.run_id, attempt=attempt)  # fmt: skip
-                # Not interrupted by a stop: the run is claimed and this is the step in hand.
-                time.sleep(retry.delay(attempt))
+            handle = self.warm.take(assignment) if self.warm is not None else None
+            warm = handle is not None
+            if handle is None:
+                handle = self._launch_cold(claim, assignment)
+            else:
+                self.reconciler.wake()  # a warm runner was used: the reconciler starts its replacement
         finally:
             self._launching = False
             self._poll_beat = time.monotonic()
+        if handle is None:
+            return  # dispatch-failed
         self.launched += 1
         self.metrics.launched()
         self._launch_backoff.succeeded()
         self.fleet.add(handle)
-        event(log, "worker.launched", "launched %s for run %s", describe(handle), claim.run_id,
-              run_id=claim.run_id, runner_id=claim.runner_id, worker=handle.ident)  # fmt: skip
+        event(log, "worker.launched", "launched %s for run %s%s", describe(handle), claim.run_id,
+              " (warm)" if warm else "", run_id=claim.run_id, runner_id=claim.runner_id, worker=handle.ident,
+              warm=warm)  # fmt: skip
+
+    def _launch_cold(self, claim: Claim, assignment: Assignment) -> WorkerHandle | None:
+        """Start a runner for the claim, retrying transient failures; None once it was reported dispatch-failed."""
+        retry = self.settings.launch_retry()
+        attempt = 0
+        while True:
+            attempt += 1
+            reason = "permanent"
+            try:
+                return self.launcher.launch(assignment)
+            except LaunchError as exc:
+                error = exc
+            except Exception as exc:  # a launcher bug must not strand a claimed run or kill the daemon
+                log.exception("launcher error", extra={"event": "launch.crashed", "run_id": claim.run_id})
+                error = LaunchError(f"{type(exc).__name__}: {exc}", permanent=True)
+                reason = "launcher_error"
+            if error.permanent or attempt >= retry.attempts:
+                self._dispatch_failed(claim.run_id, claim.runner_id, error,
+                                      reason=reason if error.permanent else "retries_exhausted")  # fmt: skip
+                return None
+            event(log, "launch.retry", "launch of run %s failed (transient), retrying: %s", claim.run_id,
+                  error.message, level=logging.WARNING, run_id=claim.run_id, attempt=attempt)  # fmt: skip
+            # Not interrupted by a stop: the run is claimed and this is the step in hand.
+            time.sleep(retry.delay(attempt))
 
     def _startup_failed(self, handle: WorkerHandle, error: LaunchError) -> None:
         self._dispatch_failed(handle.run_id, handle.runner_id, error, reason="startup")
@@ -408,7 +434,8 @@ class Coordinator:
 
     def metrics_text(self) -> str:
         contacts = [t for t in (self.client.last_success, self.reconciler.client.last_success) if t is not None]
-        return self.metrics.exposition(workers=len(self.fleet), last_contact=max(contacts, default=None))
+        warm = 0 if self.warm is None else len(self.warm)
+        return self.metrics.exposition(workers=len(self.fleet), warm=warm, last_contact=max(contacts, default=None))
 
     def _log_backoff(self, why: str, delay: float, failures: int, error: str, *, status: int | None) -> None:
         event(log, "poll.backoff", "%s (%s); backing off %.1fs", why, error, delay, level=logging.WARNING,
@@ -518,6 +545,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="workers at once [GANTRY_MAX_PARALLEL; default 4]",
     )
     parser.add_argument(
+        "--warm",
+        type=int,
+        default=env_number(parser, "GANTRY_WARM", int, 0),
+        help="runners kept started and waiting for a claim, 0 to --max-parallel (the local launcher); "
+        "--max-parallel counts busy workers only [GANTRY_WARM; default 0]",
+    )
+    parser.add_argument(
         "--state-dir",
         default=env.get("GANTRY_STATE_DIR") or str(default_state_dir()),
         help="the launcher's state folder [GANTRY_STATE_DIR; default $XDG_STATE_HOME/gantry/coordinator]",
@@ -571,6 +605,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not token:
         parser.error("a group token is required: GANTRY_GROUP_TOKEN, --token-file or --token")
     check_range(parser, args.max_parallel, "--max-parallel (GANTRY_MAX_PARALLEL)", 1, None)
+    # Bounded: each warm runner is a process (a container) held idle; more than can ever be busy at once is waste.
+    check_range(parser, args.warm, "--warm (GANTRY_WARM)", 0, args.max_parallel)
+    if args.warm and not launchers.get(args.launcher).supports_warm:
+        parser.error(f"--warm (GANTRY_WARM): the {args.launcher} launcher keeps no warm runners (local does)")
     check_range(parser, args.wait, "--wait (GANTRY_POLL_WAIT)", 0, 30)
     check_range(parser, args.reconcile_interval, "--reconcile-interval (GANTRY_RECONCILE_INTERVAL)", 0.1, 300)
     check_range(parser, args.backoff_cap, "--backoff-cap", 0.01, None)
@@ -616,6 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             backoff_cap=args.backoff_cap,
             reconcile_interval=args.reconcile_interval,
             stop_grace=args.stop_grace,
+            warm=args.warm,
         )
         coordinator = Coordinator(client, launcher, settings)
         coordinator.install_signal_handlers()
@@ -631,7 +670,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             event(log, "coordinator.started", "coordinator for %s: launcher %s, up to %d workers, state %s",
                   args.server, args.launcher, args.max_parallel, state_dir, server=args.server,
-                  launcher=args.launcher, max_parallel=args.max_parallel, state_dir=str(state_dir), pid=os.getpid(),
+                  launcher=args.launcher, max_parallel=args.max_parallel, warm=args.warm, state_dir=str(state_dir),
+                  pid=os.getpid(),
                   reconcile_interval=args.reconcile_interval,
                   health_addr=None if health is None else f"{health.address[0]}:{health.address[1]}")  # fmt: skip
             refused = coordinator.check_server()

@@ -190,6 +190,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="seconds between SIGTERM and SIGKILL when a step is stopped [GANTRY_STOP_GRACE; default 10]",
     )
     parser.add_argument("--keep-work-dir", action="store_true", help="leave the work folder in place (debugging)")
+    parser.add_argument(
+        "--warm",
+        metavar="NAME",
+        help="warm mode (a coordinator's --warm): import, then wait for the run's GANTRY_* variables as one JSON "
+        "line on stdin, then run it; end-of-file exits 0. NAME marks the process (runners.warm)",
+    )
     parser.add_argument("--log-level", default=env.get("GANTRY_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     check_range(parser, args.grace, "--grace (GANTRY_STOP_GRACE)", 0, None)
@@ -569,7 +575,17 @@ def _exchange(cfg: Config) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(arg.partition("=")[0] == "--warm" for arg in args):
+        # Warm (imported only then: a cold start pays nothing for it): wait here, imports
+        # done, for the claim a cold runner finds in its environment (runners.warm).
+        from runners import warm
+
+        args, warm_name = warm.split_warm(args)
+        ended = warm.await_claim(warm_name or "")
+        if ended is not None:
+            return ended
+    cfg = parse_args(args)
     # Nothing we start may inherit the runner's credential, or the means to get one.
     for name in (*CREDENTIAL_ENV, "GANTRY_RUNNER_TOKEN", "GANTRY_RUNNER_TOKEN_FILE"):
         os.environ.pop(name, None)

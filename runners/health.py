@@ -60,13 +60,15 @@ class CoordinatorMetrics:
         with self._lock:
             self.polls[outcome] += 1
 
-    def exposition(self, *, workers: int, last_contact: float | None) -> str:
+    def exposition(self, *, workers: int, last_contact: float | None, warm: int = 0) -> str:
         """The Prometheus text exposition format (version 0.0.4) of every series."""
         with self._lock:
             launches, failures, polls = self.launches, dict(self.failures), dict(self.polls)
         lines: list[str] = []
         _family(lines, "gantry_coordinator_workers_running", "gauge", "Workers this coordinator runs now.",
                 [({}, workers)])  # fmt: skip
+        _family(lines, "gantry_coordinator_workers_warm", "gauge",
+                "Warm runners waiting for a claim (--warm), not counted in workers_running.", [({}, warm)])  # fmt: skip
         _family(lines, "gantry_coordinator_launches_total", "counter", "Workers launched, by launcher kind.",
                 [({"launcher": self.launcher}, launches)])  # fmt: skip
         _family(lines, "gantry_coordinator_launch_failures_total", "counter",

@@ -6,6 +6,8 @@ delays it. A turn comes every ``interval`` seconds, and at once when the
 launcher says a worker exited (:meth:`Launcher.notify_exit`) or a stop
 finished:
 
+0. **warm**: with warm runners (``runners.warm``), the dead ones are forgotten
+   (they held no run) and the pool is topped up to its size;
 1. **reap**: every worker that is no longer alive is reaped (its last lines
    read first), logged as ``worker.exited`` with its exit code and how long
    it ran, and kept as an *exit* to report; a live worker whose launch can
@@ -30,12 +32,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gantry_wire.logsetup import event
 from gantry_wire.protocol import RECONCILE_MAX_WORKERS, TERMINAL_STATUSES
 from launchers.base import Launcher, LaunchError, WorkerHandle
 from runners.client import ApiError, Backoff, GantryClient, RetryPolicy
+
+if TYPE_CHECKING:
+    from runners.warm import WarmPool
 
 log = logging.getLogger("gantry.coordinator")
 
@@ -113,6 +118,7 @@ class Reconciler:
         backoff: RetryPolicy,
         stop_grace: float,
         dispatch_failed: Callable[[WorkerHandle, LaunchError], None],
+        warm: WarmPool | None = None,
     ) -> None:
         self.client = client
         self.launcher = launcher
@@ -120,6 +126,7 @@ class Reconciler:
         self.interval = interval
         self.stop_grace = stop_grace
         self._dispatch_failed = dispatch_failed
+        self.warm = warm
         self._backoff = Backoff(backoff)
         self._report_after = 0.0  # monotonic; a failed report holds the next one back
         self._wake = threading.Event()
@@ -174,6 +181,11 @@ class Reconciler:
     def turn(self) -> None:
         """Reap, report, stop (see the module docstring)."""
         with self._turn:
+            if self.warm is not None and not self._stopped.is_set():
+                try:
+                    self.warm.maintain()
+                except Exception:  # a launcher's fault with warm runners must not stop the busy ones' turn
+                    log.exception("launcher error with the warm runners", extra={"event": "warm.crashed"})
             self._reap()
             if time.monotonic() < self._report_after:
                 return

@@ -36,6 +36,7 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 # test_the_coordinator_exports_the_agreed_names records as an expected failure.
 COORDINATOR_METRICS: dict[str, str] = {
     "gantry_coordinator_workers_running": "gauge",
+    "gantry_coordinator_workers_warm": "gauge",
     "gantry_coordinator_launches": "counter",
     "gantry_coordinator_launch_failures": "counter",
     "gantry_coordinator_polls": "counter",

@@ -43,6 +43,7 @@ from tests.runners.conftest import ROOT, Site, wait_until
 QUICK = Settings(max_parallel=2, wait=1, backoff_base=0.01, backoff_cap=0.05, launch_retry_delay=0, idle_pause=0.01)
 METRIC_NAMES = (
     "gantry_coordinator_workers_running",
+    "gantry_coordinator_workers_warm",
     "gantry_coordinator_launches_total",
     "gantry_coordinator_launch_failures_total",
     "gantry_coordinator_polls_total",
