@@ -8,6 +8,10 @@ Admins only, as in the API: a member gets 403.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
@@ -24,19 +28,21 @@ from gantry.webhooks import services
 PAGE_RECENT = 10
 
 
-def _admin_org(request: HttpRequest, org: str) -> tuple[Organization, str] | HttpResponse:
-    organization, role = org_and_role(request, org)
-    if role != Role.ADMIN:
-        return HttpResponseForbidden("this needs the org admin role")
-    return organization, role
+def admin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """``view(request, organization, role, ...)`` for an org admin: 404 for a non-member, 403 for a member."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, org: str, **kwargs: Any) -> HttpResponse:
+        organization, role = org_and_role(request, org)
+        if role != Role.ADMIN:
+            return HttpResponseForbidden("this needs the org admin role")
+        return view(request, organization, role, **kwargs)
+
+    return login_required(wrapped)
 
 
-@login_required
-def webhooks_page(request: HttpRequest, org: str) -> HttpResponse:
-    found = _admin_org(request, org)
-    if isinstance(found, HttpResponse):
-        return found
-    organization, role = found
+@admin_only
+def webhooks_page(request: HttpRequest, organization: Organization, role: str) -> HttpResponse:
     endpoints = list(organization.webhooks.order_by("id"))
     recent = services.recent_deliveries(endpoints, PAGE_RECENT)
     context = {
@@ -49,13 +55,9 @@ def webhooks_page(request: HttpRequest, org: str) -> HttpResponse:
     return render(request, "web/webhooks.html", context)
 
 
-@login_required
 @require_POST
-def webhook_add(request: HttpRequest, org: str) -> HttpResponse:
-    found = _admin_org(request, org)
-    if isinstance(found, HttpResponse):
-        return found
-    organization, _ = found
+@admin_only
+def webhook_add(request: HttpRequest, organization: Organization, role: str) -> HttpResponse:
     try:
         endpoint = services.endpoint_create(
             org=organization,
@@ -71,13 +73,9 @@ def webhook_add(request: HttpRequest, org: str) -> HttpResponse:
     return HttpResponseRedirect(reverse("web:webhooks", kwargs={"org": organization.slug}))
 
 
-@login_required
 @require_POST
-def webhook_delete(request: HttpRequest, org: str, pk: int) -> HttpResponse:
-    found = _admin_org(request, org)
-    if isinstance(found, HttpResponse):
-        return found
-    organization, _ = found
+@admin_only
+def webhook_delete(request: HttpRequest, organization: Organization, role: str, pk: int) -> HttpResponse:
     endpoint = WebhookEndpoint.objects.filter(organization=organization, pk=pk).first()
     if endpoint is None:
         raise Http404("no such webhook")
