@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from gantry import conf, embedded
+from gantry.env import envbool
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -74,6 +75,7 @@ INSTALLED_APPS = [
     "gantry.web",
     "gantry.logs",
     "gantry.reapers",
+    "gantry.webhooks",
 ]
 
 MIDDLEWARE = [
@@ -278,6 +280,16 @@ CELERY_BEAT_SCHEDULE = {
     }
     for name in ("expired_assignments", "inactive_runners", "startup_deadline", "cancellation_backstop", "retention")
 }
+
+# Webhook delivery (docs/webhooks.md): kicked by the outbox's NOTIFY after each commit; this tick is the
+# backstop (a lost kick) and what sends retries when they fall due (the first within 30 s).
+CELERY_BEAT_SCHEDULE["webhooks-deliver"] = {
+    "task": "gantry.webhooks.deliver",
+    "schedule": 10.0,
+    "options": {"expires": 10.0},
+}
+# Let webhook endpoints resolve to private, loopback or link-local addresses (tests, a closed network).
+GANTRY_WEBHOOK_ALLOW_PRIVATE = envbool("GANTRY_WEBHOOK_ALLOW_PRIVATE", False)
 
 # The backend dispatcher (github_actions groups; docs/github-actions.md), when GitHub is configured,
 # unless it runs as `manage.py dispatcher` processes of their own (GANTRY_DISPATCH_IN_WORKER=false).

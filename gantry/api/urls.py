@@ -8,6 +8,7 @@ from gantry.api import queue_views as qv
 from gantry.api import runner_admin_views as rav
 from gantry.api import runner_views as rv
 from gantry.api import views as v
+from gantry.api import webhook_views as wv
 from gantry.logs import views as lv
 
 urlpatterns = [
@@ -42,6 +43,9 @@ urlpatterns = [
     path("orgs/<slug:org>/dispatch-budget", bv.DispatchBudgetView.as_view()),
     path("orgs/<slug:org>/queue", qv.QueueView.as_view()),
     path("orgs/<slug:org>/runs", qv.RunListView.as_view()),
+    path("orgs/<slug:org>/webhooks", wv.WebhookListView.as_view()),
+    path("webhooks/<int:pk>", wv.WebhookDetailView.as_view()),
+    path("webhooks/<int:pk>/deliveries", wv.WebhookDeliveryListView.as_view()),
     # User and admin calls.
     path("runner-groups/<int:pk>", v.RunnerGroupDetailView.as_view()),
     path("runner-groups/<int:pk>/rotate-token", v.RunnerGroupRotateTokenView.as_view()),

@@ -57,6 +57,13 @@ class InvalidRequest(GantryError):
     http_status = 400
 
 
+class WebhookUrlForbidden(InvalidRequest):
+    """A webhook URL resolves to a private, loopback or link-local address (GANTRY_WEBHOOK_ALLOW_PRIVATE unset)."""
+
+    code = "webhook_url_forbidden"
+    http_status = 400
+
+
 class InvalidJson(InvalidRequest):
     """The body is not JSON."""
 

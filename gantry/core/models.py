@@ -542,3 +542,110 @@ class LogPurge(RunLogOutbox):
 
     class Meta(RunLogOutbox.Meta):
         db_table = "log_purge"
+
+
+# ---------------------------------------------------------------- webhooks (docs/webhooks.md)
+
+# The events an endpoint may subscribe to, in a run's order. The run events are
+# written by gantry.sql.runs' effects (the edge or the status a run reaches
+# names them: WEBHOOK_EVENT_OF_EDGE, WEBHOOK_EVENT_OF_STATUS); deployment.finished
+# when a run's effects bring its deployment to a terminal status.
+WEBHOOK_RUN_QUEUED = "run.queued"
+WEBHOOK_RUN_RUNNING = "run.running"
+WEBHOOK_DEPLOYMENT_FINISHED = "deployment.finished"
+WEBHOOK_EVENT_OF_STATUS: dict[str, str] = {
+    RunStatus.SUCCEEDED: "run.succeeded",
+    RunStatus.FAILURE: "run.failure",
+    RunStatus.CANCELLED: "run.cancelled",
+    RunStatus.STARTUP_TIMEOUT: "run.startup_timeout",
+}
+WEBHOOK_EVENTS: tuple[str, ...] = (
+    WEBHOOK_RUN_QUEUED,
+    WEBHOOK_RUN_RUNNING,
+    *WEBHOOK_EVENT_OF_STATUS.values(),
+    WEBHOOK_DEPLOYMENT_FINISHED,
+)
+DEPLOYMENT_FINISHED = frozenset(
+    {DeploymentStatus.SUCCEEDED, DeploymentStatus.FAILED, DeploymentStatus.CANCELLED, DeploymentStatus.SKIPPED}
+)
+
+
+class WebhookEndpoint(models.Model):
+    """An org's receiver of run events: a URL, the events it wants, and the secret its deliveries are signed with.
+
+    The secret is sealed at rest like stack secrets (gantry.core.secrets: a
+    Fernet token in ``secret_sealed``); it is unsealed only to sign a delivery
+    and never answered.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=2000)
+    # A JSON list of event names: the run effects match it with jsonb's `events ? '<event>'`.
+    events = models.JSONField(default=list)
+    secret_sealed = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        db_table = "webhook_endpoint"
+        # The run effects look an org's endpoints up on every event edge: by the organization FK's index.
+        ordering = ["organization_id", "id"]
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} of {self.organization_id}: {self.url}"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: the outbox row, written by the transition's own statement (gantry.sql.runs).
+
+    ``body`` is the exact JSON text sent, every attempt alike (the signature
+    covers those bytes). The bigserial ``id`` orders a run's deliveries: it is
+    drawn after the run's row lock, so a later transition of a run always has a
+    larger one; a run's delivery to an endpoint waits while an earlier one is
+    pending (gantry.webhooks.delivery). ``run_id`` is a plain id: retention
+    deletes runs set-based, and the history of a delivery may outlive its run.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # No index of its own: webhook_delivery_recent_idx (endpoint, -id) serves it.
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries", db_index=False)
+    run_id = models.UUIDField()
+    event = models.CharField(max_length=32)
+    body = models.TextField()
+    delivery_id = models.UUIDField(unique=True)
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0, db_default=0)
+    next_attempt_at = models.DateTimeField()
+    last_status_code = models.IntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="", db_default="")
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "webhook_delivery"
+        ordering = ["id"]
+        indexes = [
+            # The due scan: pending rows by when they are due (only pending ones are in it).
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                condition=Q(status=DeliveryStatus.PENDING),
+                name="webhook_delivery_due_idx",
+            ),
+            # Order per run: "an earlier pending delivery of this run to this endpoint".
+            models.Index(
+                fields=["endpoint", "run_id", "id"],
+                condition=Q(status=DeliveryStatus.PENDING),
+                name="webhook_delivery_order_idx",
+            ),
+            # An endpoint's recent deliveries (the page, the API); also serves the FK.
+            models.Index(fields=["endpoint", "-id"], name="webhook_delivery_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.delivery_id} ({self.status})"

@@ -13,7 +13,12 @@ derived from the Move rather than restated per path:
 - **the token**: a run that reaches a terminal state has its API token revoked;
 - **the lane**: a lane holder that ends frees its stack, whose oldest queued
   run becomes pending in the same statement (``first_pending_at`` stamped the
-  first time only), with its own event.
+  first time only), with its own event;
+- **the webhooks**: an edge that names a webhook event (:func:`webhook_event`)
+  writes one outbox row per subscribed endpoint of the run's org, and one for
+  ``deployment.finished`` when the deployment reaches a terminal status
+  (:func:`webhook_ctes`; nothing when the org has no endpoint). In the
+  statement itself, so a rolled-back transition never sends one.
 
 The claim (gantry.sql.claim) and a new run (:data:`CREATED`) compose the same
 effects over their own rows.
@@ -46,12 +51,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from gantry.core.models import (
+    DEPLOYMENT_FINISHED,
     DEPLOYMENT_STATUS_FOR_RUN,
     EXECUTING,
     LANE_HOLDERS,
     NEVER_STARTED,
+    PRIORITY_NAMES,
     STOPPING,
     TERMINAL,
+    WEBHOOK_DEPLOYMENT_FINISHED,
+    WEBHOOK_EVENT_OF_STATUS,
+    WEBHOOK_RUN_QUEUED,
+    WEBHOOK_RUN_RUNNING,
     Run,
     RunnerStatus,
     RunStatus,
@@ -152,7 +163,8 @@ def effects(move: Move, source: str = "moved") -> list[str]:
     """The CTEs that bring along what a status change means, for the runs of ``source`` that ``move`` moved.
 
     ``source`` must answer ``id``, ``stack_id``, ``deployment_id``, ``attempt``
-    and ``status`` (the new one), and every column ``move.detail`` reads.
+    and ``status`` (the new one), and every column ``move.detail`` reads; for
+    an edge with a webhook event, every column of the run (the body's).
     """
     ctes = []
     lane = frees_lane(move)
@@ -199,6 +211,7 @@ def effects(move: Move, source: str = "moved") -> list[str]:
     FROM (SELECT deployment_id, attempt, {deployment_status("status")} AS deployment_status
           FROM ({" UNION ALL ".join(follow)}) x) f
     WHERE d.id = f.deployment_id AND d.status <> f.deployment_status AND NOT {newer_attempt("f")}
+    RETURNING d.id, d.status, d.stack_id
 )"""
         )
     if move.terminal:
@@ -206,7 +219,103 @@ def effects(move: Move, source: str = "moved") -> list[str]:
             f"revoked AS (UPDATE run_token SET revoked_at = %(now)s "
             f"WHERE run_id IN (SELECT id FROM {source}) AND revoked_at IS NULL)"
         )
+    ctes += webhook_ctes(move, source, deployments=bool(follow))
     return ctes
+
+
+# ---------------------------------------------------------------- the webhook effect (docs/webhooks.md)
+
+# The edges that name a webhook event by themselves; a terminal edge names it by the status it reached.
+WEBHOOK_EVENT_OF_EDGE = {"created": WEBHOOK_RUN_QUEUED, "accept": WEBHOOK_RUN_RUNNING}
+
+
+def webhook_event(move: Move, source: str = "moved") -> str | None:
+    """SQL naming the webhook event of a run ``move`` moved (NULL: none), or None when the edge names none.
+
+    The claim (ASSIGN) and the edges between live states other than accept
+    name none: their statements stay as they were.
+    """
+    if move.label in WEBHOOK_EVENT_OF_EDGE:
+        return f"'{WEBHOOK_EVENT_OF_EDGE[move.label]}'"
+    if move.terminal:
+        whens = " ".join(f"WHEN '{status}' THEN '{event}'" for status, event in WEBHOOK_EVENT_OF_STATUS.items())
+        return f"CASE {source}.status {whens} END"  # discarded: NULL, which no endpoint matches
+    return None
+
+
+def _seconds(later: str, earlier: str) -> str:
+    return f"round(EXTRACT(EPOCH FROM ({later} - {earlier}))::numeric, 3)"
+
+
+def webhook_run_json(r: str, stack: str) -> str:
+    """SQL: the ``run`` object of a webhook body, from the moved row ``r`` and its stack ``stack``.
+
+    Its keys are a contract (docs/webhooks.md): add, never rename. The
+    timings are the run's phases in seconds, null until both ends are known.
+    """
+    priority = f"CASE {r}.priority " + " ".join(f"WHEN {i} THEN '{name}'" for i, name in enumerate(PRIORITY_NAMES))
+    return f"""jsonb_build_object(
+        'id', {r}.id, 'status', {r}.status, 'priority', {priority} ELSE {r}.priority::text END,
+        'stack_id', {r}.stack_id, 'stack', {stack}.name, 'deployment_id', {r}.deployment_id,
+        'attempt', {r}.attempt, 'exit_code', {r}.exit_code, 'failure_reason', {r}.failure_reason,
+        'created_at', {r}.created_at, 'first_claimed_at', {r}.first_claimed_at, 'started_at', {r}.started_at,
+        'first_output_at', {r}.first_output_at, 'finished_at', {r}.finished_at,
+        'timings', jsonb_build_object(
+            'wait_seconds', {_seconds(f"{r}.first_claimed_at", f"{r}.created_at")},
+            'start_seconds', {_seconds(f"{r}.started_at", f"{r}.first_claimed_at")},
+            'first_output_seconds', {_seconds(f"{r}.first_output_at", f"{r}.started_at")},
+            'run_seconds', {_seconds(f"{r}.finished_at", f"{r}.started_at")}))"""
+
+
+def webhook_ctes(move: Move, source: str, *, deployments: bool) -> list[str]:
+    """The outbox rows of ``move`` for the runs of ``source``: one per (run, event, subscribed endpoint).
+
+    First the matches alone (a probe of the org's endpoints: an org with none
+    stops here, and no body is built); then the bodies, one JSON text each,
+    stored as sent (a retry sends the same bytes). Rows are numbered in a
+    run's order (its event before its deployment's), the outbox's order.
+    ``deployments``: the effects have a ``deployments`` CTE answering the
+    deployments they changed.
+    """
+    event = webhook_event(move, "src")
+    if event is None:
+        return []
+    matches = [
+        f"SELECT e.id, src.id, {event}, 0 FROM {source} src"
+        f" JOIN webhook_endpoint e ON e.organization_id = src.organization_id AND e.events ? ({event})"
+    ]
+    if deployments and move.terminal:
+        matches.append(
+            f"SELECT e.id, src.id, '{WEBHOOK_DEPLOYMENT_FINISHED}', 1 FROM {source} src"
+            f" JOIN deployments dd ON dd.id = src.deployment_id AND dd.status IN ({literals(DEPLOYMENT_FINISHED)})"
+            f" JOIN webhook_endpoint e ON e.organization_id = src.organization_id"
+            f" AND e.events ? '{WEBHOOK_DEPLOYMENT_FINISHED}'"
+        )
+    deployment = (
+        ", 'deployment', CASE WHEN h.event = "
+        f"'{WEBHOOK_DEPLOYMENT_FINISHED}' THEN jsonb_build_object("
+        "'id', r.deployment_id, 'status', dd.status, 'stack_id', dd.stack_id) END"
+        if len(matches) > 1
+        else ""
+    )
+    join_deployment = " LEFT JOIN deployments dd ON dd.id = r.deployment_id" if deployment else ""
+    return [
+        f"""hooked AS MATERIALIZED (
+    SELECT m.endpoint_id, m.run_id, m.event, m.ord, gen_random_uuid() AS delivery_id
+    FROM ({" UNION ALL ".join(matches)}) m(endpoint_id, run_id, event, ord)
+)""",
+        f"""hooks AS (
+    INSERT INTO webhook_delivery (endpoint_id, run_id, event, body, delivery_id, status, attempts,
+                                  next_attempt_at, last_error, created_at)
+    SELECT h.endpoint_id, h.run_id, h.event,
+           (jsonb_strip_nulls(jsonb_build_object('event', h.event, 'delivery_id', h.delivery_id,
+                                                 'occurred_at', %(now)s{deployment}))
+            || jsonb_build_object('run', {webhook_run_json("r", "s")}))::text,
+           h.delivery_id, 'pending', 0, %(now)s, '', %(now)s
+    FROM hooked h JOIN {source} r ON r.id = h.run_id LEFT JOIN stack s ON s.id = r.stack_id{join_deployment}
+    ORDER BY h.run_id, h.ord, h.endpoint_id
+)""",
+    ]
 
 
 # What a one-run statement answers of the row it judged, before any change,
@@ -280,8 +389,7 @@ def move_batch(move: Move) -> Statement:
     UPDATE run SET {set_clause(move)}
     FROM cur JOIN v ON v.id = cur.id
     WHERE run.id = cur.id
-    RETURNING run.id, run.stack_id, run.organization_id, run.first_pending_at, run.deployment_id, run.attempt,
-              run.status
+    RETURNING {columns(Run, "run")}
 )""",
         *effects(move),
     ]
@@ -615,7 +723,7 @@ CREATED_MOVE = Move(
 )
 CREATED = named(
     "created",
-    "WITH moved AS (SELECT id, stack_id, deployment_id, attempt, status FROM run WHERE id = %(run)s), "
+    f"WITH moved AS (SELECT {columns(Run)} FROM run WHERE id = %(run)s), "
     + ", ".join(effects(CREATED_MOVE))
     + " SELECT 1",
 )

@@ -4,7 +4,7 @@ from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import path
 
-from gantry.web import accounts, group_pages, member_pages, pages, stack_pages
+from gantry.web import accounts, group_pages, member_pages, pages, stack_pages, webhook_pages
 
 app_name = "web"
 
@@ -34,6 +34,9 @@ urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
     path("runs/<uuid:pk>/log/raw", pages.run_log_download, name="run_log_raw"),
     path("orgs/<slug:org>/members", member_pages.members_page, name="members"),
+    path("orgs/<slug:org>/webhooks", webhook_pages.webhooks_page, name="webhooks"),
+    path("orgs/<slug:org>/webhooks/add", webhook_pages.webhook_add, name="webhook_add"),
+    path("orgs/<slug:org>/webhooks/<int:pk>/delete", webhook_pages.webhook_delete, name="webhook_delete"),
     path("orgs/<slug:org>/members/invite", member_pages.member_invite, name="member_invite"),
     path("orgs/<slug:org>/members/<str:username>/<str:action>", member_pages.member_action, name="member_action"),
     path("account", member_pages.account_page, name="account"),
