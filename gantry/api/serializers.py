@@ -412,4 +412,4 @@ class RunSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(RunTimingsSerializer)
     def get_timings(self, run: Run) -> dict[str, float | None]:
-        return run_timings(run, run.events.all())
+        return run_timings(run)

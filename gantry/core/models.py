@@ -103,6 +103,17 @@ NEVER_STARTED = frozenset({RunStatus.QUEUED, RunStatus.PENDING, RunStatus.ASSIGN
 STOPPING = frozenset({RunStatus.REQUESTED_CANCELLATION, RunStatus.CANCELLING})
 # The runs the queue page lists as waiting: never started (the same set, named for its use).
 WAITING = NEVER_STARTED
+# A run's phases (docs/api.md, "A run's timings"): each is the seconds from the first column to the
+# second, null until both are known. The run answer (gantry.core.services.runs.run_timings) and a
+# webhook's body (gantry.sql.runs.webhook_run_json) are both built from this table.
+RUN_PHASES: dict[str, tuple[str, str]] = {
+    # Its turn in the claim's line: first pending (time queued behind its stack's lane is not in it) -> first claimed.
+    "wait_seconds": ("first_pending_at", "first_claimed_at"),
+    # The start: first claimed -> accepted (a lease that lapsed on the way counts in it).
+    "start_seconds": ("first_claimed_at", "started_at"),
+    "first_output_seconds": ("started_at", "first_output_at"),
+    "run_seconds": ("started_at", "finished_at"),
+}
 # Waiting and not claimed: a run whose priority may still change (docs/queue.md).
 UNCLAIMED = frozenset({RunStatus.QUEUED, RunStatus.PENDING})
 

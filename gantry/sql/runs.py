@@ -57,6 +57,7 @@ from gantry.core.models import (
     LANE_HOLDERS,
     NEVER_STARTED,
     PRIORITY_NAMES,
+    RUN_PHASES,
     STOPPING,
     TERMINAL,
     WEBHOOK_DEPLOYMENT_FINISHED,
@@ -254,17 +255,18 @@ def webhook_run_json(r: str, stack: str) -> str:
     timings are the run's phases in seconds, null until both ends are known.
     """
     priority = f"CASE {r}.priority " + " ".join(f"WHEN {i} THEN '{name}'" for i, name in enumerate(PRIORITY_NAMES))
+    # The run answer's phases, from the same table (RUN_PHASES), never below 0 as there.
+    timings = ", ".join(
+        f"'{name}', GREATEST(0, {_seconds(f'{r}.{later}', f'{r}.{earlier}')})"
+        for name, (earlier, later) in RUN_PHASES.items()
+    )
     return f"""jsonb_build_object(
         'id', {r}.id, 'status', {r}.status, 'priority', {priority} ELSE {r}.priority::text END,
         'stack_id', {r}.stack_id, 'stack', {stack}.name, 'deployment_id', {r}.deployment_id,
         'attempt', {r}.attempt, 'exit_code', {r}.exit_code, 'failure_reason', {r}.failure_reason,
         'created_at', {r}.created_at, 'first_claimed_at', {r}.first_claimed_at, 'started_at', {r}.started_at,
         'first_output_at', {r}.first_output_at, 'finished_at', {r}.finished_at,
-        'timings', jsonb_build_object(
-            'wait_seconds', {_seconds(f"{r}.first_claimed_at", f"{r}.created_at")},
-            'start_seconds', {_seconds(f"{r}.started_at", f"{r}.first_claimed_at")},
-            'first_output_seconds', {_seconds(f"{r}.first_output_at", f"{r}.started_at")},
-            'run_seconds', {_seconds(f"{r}.finished_at", f"{r}.started_at")}))"""
+        'timings', jsonb_build_object({timings}))"""
 
 
 def webhook_ctes(move: Move, source: str, *, deployments: bool) -> list[str]:

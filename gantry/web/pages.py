@@ -390,7 +390,7 @@ def run_context(request: HttpRequest, run: Run, role: str) -> dict[str, Any]:
         "wait_for": words.duration(((started or end) - run.created_at).total_seconds()),
         "run_for": words.duration((end - started).total_seconds()) if started else None,
         "total_for": words.duration((end - run.created_at).total_seconds()),
-        "phases": phase_lines(run, timings=run_timings(run, run_events)),
+        "phases": phase_lines(run, timings=run_timings(run)),
         # Buttons as the run's state allows; the services decide again when pressed.
         "can_cancel": run.status not in TERMINAL,
         "can_skip": newest and run.status in NEVER_STARTED,

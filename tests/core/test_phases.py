@@ -112,8 +112,10 @@ def test_the_run_answer_times_every_phase_and_start_is_the_accepted_claims(
     with django_capture_on_commit_callbacks(execute=True):
         services.run_accept(run_id=run.id, runner_id=second.runner_id, now=accepted)
 
+    # start counts from the first claim: the lapsed lease is part of this run's start.
+    start = (accepted - at(2)).total_seconds()
     body = owner_api.get(f"/api/v1/runs/{run.id}").json()
-    assert body["timings"] == {"wait_seconds": 2.0, "start_seconds": 0.25, "first_output_seconds": None,
+    assert body["timings"] == {"wait_seconds": 2.0, "start_seconds": start, "first_output_seconds": None,
                                "run_seconds": None}  # fmt: skip
 
     stamp_first_output(run, accepted + timedelta(seconds=0.5))
@@ -123,8 +125,7 @@ def test_the_run_answer_times_every_phase_and_start_is_the_accepted_claims(
 
     body = owner_api.get(f"/api/v1/runs/{run.id}").json()
     assert body["status"] == RunStatus.SUCCEEDED
-    # The terminal edge cleared assigned_at: start is still the accepted claim's, from its event.
-    assert body["timings"] == {"wait_seconds": 2.0, "start_seconds": 0.25, "first_output_seconds": 0.5,
+    assert body["timings"] == {"wait_seconds": 2.0, "start_seconds": start, "first_output_seconds": 0.5,
                                "run_seconds": 4.0}  # fmt: skip
     assert body["first_claimed_at"].startswith("2030-01-01T12:00:02")
     assert body["first_output_at"] is not None

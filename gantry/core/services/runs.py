@@ -42,6 +42,7 @@ from gantry.core.models import (
     EXECUTING,
     LANE_HOLDERS,
     NEVER_STARTED,
+    RUN_PHASES,
     TERMINAL,
     UNCLAIMED,
     Deployment,
@@ -293,34 +294,9 @@ def phase_seconds(start: datetime | None, end: datetime | None) -> float | None:
     return max(0.0, (end - start).total_seconds())
 
 
-def accepted_claim_at(run: Run, events: Iterable[RunEvent]) -> datetime | None:
-    """When the claim the runner accepted was made: the lease's ``assigned_at`` while it is held, else
-    the last ``assigned`` event at or before the accept (a terminal edge clears ``assigned_at``)."""
-    if run.started_at is None:
-        return None
-    if run.assigned_at is not None:
-        return run.assigned_at
-    claims = [e.at for e in events if e.kind == "assigned" and e.at <= run.started_at]
-    return max(claims, default=None)
-
-
-def run_timings(run: Run, events: Iterable[RunEvent]) -> dict[str, float | None]:
-    """A run's phases in seconds, each None until known (docs/api.md, "A run's timings"):
-
-    - ``wait_seconds``: first pending (its turn on the stack's lane) -> first claimed: the wait for a runner,
-      as ``gantry_run_wait_seconds`` measures it; time queued behind the stack's earlier run is not in it;
-    - ``start_seconds``: the accepted claim -> accept (the runner's start-up);
-    - ``first_output_seconds``: accept -> the first output reaching Gantry;
-    - ``run_seconds``: accept -> finished.
-
-    ``events``: the run's events (read only when the run has ended: see :func:`accepted_claim_at`).
-    """
-    return {
-        "wait_seconds": phase_seconds(run.first_pending_at, run.first_claimed_at),
-        "start_seconds": phase_seconds(accepted_claim_at(run, events), run.started_at),
-        "first_output_seconds": phase_seconds(run.started_at, run.first_output_at),
-        "run_seconds": phase_seconds(run.started_at, run.finished_at),
-    }
+def run_timings(run: Run) -> dict[str, float | None]:
+    """A run's phases in seconds, each None until known: ``RUN_PHASES`` read on the row."""
+    return {name: phase_seconds(getattr(run, a), getattr(run, b)) for name, (a, b) in RUN_PHASES.items()}
 
 
 def run_fail(
