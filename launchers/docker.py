@@ -23,18 +23,38 @@ names the file, and the runner deletes it once read.
 
 A reaped container is removed, unless the ``keep`` option keeps it for
 inspection: it is then renamed ``<name>-reaped`` so a later discover passes it by.
+
+Warm runners (``--warm N``, runners.warm): a container of the runner image
+running ``python3 -m runners.ephemeral --warm warm-<id>`` as the image's user,
+named ``gantry-warm-<id>``, labelled ``gantry.io/managed``, ``gantry.io/group-id``
+and ``gantry.io/warm=warm-<id>`` (no run, no runner, no token: nothing of a
+run is in it). It is created with its stdin open and ``StdinOnce``; the
+launcher attaches to that stdin before the start and holds the socket.
+:meth:`DockerLauncher.assign_warm` renames the container to
+``gantry-<runner id>.run-<run id>`` (labels cannot change after creation; the
+name can, and only the engine's API sets it, so it is as trustworthy as a
+label), then writes the one JSON claim line (the run's variables, the runner
+token among them: stdin is private to the attach, unlike the configuration
+``docker inspect`` shows) and closes the socket, which closes the container's
+stdin. From then on the container is an ordinary worker: discover reads its run
+and runner from that name. An idle warm container whose coordinator is gone
+reads end-of-file (the attach closed with its process) and exits 0 holding
+nothing; discover removes such idle ones.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import math
 import os
 import re
+import socket
 import tarfile
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,7 +67,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from gantry_wire.logsetup import event
 from launchers import register
-from launchers.base import Assignment, Launcher, LaunchError, WorkerHandle
+from launchers.base import Assignment, Launcher, LaunchError, WarmWorker, WorkerHandle
 
 log = logging.getLogger("gantry.launcher.docker")
 
@@ -55,6 +75,10 @@ LABEL_MANAGED = "gantry.io/managed"
 LABEL_GROUP = "gantry.io/group-id"
 LABEL_RUN = "gantry.io/run-id"
 LABEL_RUNNER = "gantry.io/runner-id"
+# A warm runner's id (``warm-<hex>``): set on every warm container, taken or idle.
+LABEL_WARM = "gantry.io/warm"
+# A taken warm container's name: its run and runner, which its labels (fixed at creation) cannot carry.
+_TAKEN_NAME = re.compile(r"^/?gantry-(?P<runner>[A-Za-z0-9_-]+)\.run-(?P<run>[A-Za-z0-9_-]+?)(?:-reaped)?$")
 # Where the token file goes in the container: /tmp exists in every image and
 # is sticky, so the runner (the file's owner) may delete its file there.
 TOKEN_DIR = "/tmp"
@@ -216,11 +240,15 @@ def _parse_started(value: str | None) -> float:
 
 @register("docker")
 class DockerLauncher(Launcher):
+    supports_warm = True
+
     def __init__(self, options: DockerOptions, *, client: Any = None) -> None:
         self.options = options
         # Made on first use: the SDK asks the engine for its API version as it
         # connects, and an engine that is down must fail a launch (transient), not the start-up.
         self._docker = client
+        # Warm containers waiting for a claim, by warm id: the socket attached to each one's stdin.
+        self._warm: dict[str, Any] = {}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
@@ -237,20 +265,25 @@ class DockerLauncher(Launcher):
 
     # ------------------------------------------------------------ launch
 
-    def _env(self, assignment: Assignment) -> dict[str, str]:
+    def _base_env(self) -> dict[str, str]:
+        """What every runner this launcher starts gets, warm or cold: nothing of a run."""
         names = (*INHERITED_ENV, *self.options.env)
         env = {name: os.environ[name] for name in names if name in os.environ}
-        env.update(
-            {
-                "GANTRY_SERVER": self.options.server_url or assignment.server,
-                "GANTRY_RUN_ID": assignment.run_id,
-                "GANTRY_RUNNER_ID": assignment.runner_id,
-                # The path only: the token itself is copied in before the start.
-                "GANTRY_RUNNER_TOKEN_FILE": f"{TOKEN_DIR}/{TOKEN_NAME}",
-                "GANTRY_LAUNCHER": "docker",
-            }
-        )
+        env["GANTRY_LAUNCHER"] = "docker"
         return env
+
+    def _run_env(self, assignment: Assignment) -> dict[str, str]:
+        """The run's part (no credential): in a cold container's environment, or down a warm one's stdin."""
+        return {
+            "GANTRY_SERVER": self.options.server_url or assignment.server,
+            "GANTRY_RUN_ID": assignment.run_id,
+            "GANTRY_RUNNER_ID": assignment.runner_id,
+        }
+
+    def _env(self, assignment: Assignment) -> dict[str, str]:
+        # The path only: the token itself is copied in before the start.
+        token_file = {"GANTRY_RUNNER_TOKEN_FILE": f"{TOKEN_DIR}/{TOKEN_NAME}"}
+        return {**self._base_env(), **self._run_env(assignment), **token_file}
 
     def labels(self, assignment: Assignment) -> dict[str, str]:
         return {
@@ -274,7 +307,13 @@ class DockerLauncher(Launcher):
                 ) from exc
             client.images.pull(image)
 
-    def launch(self, assignment: Assignment) -> WorkerHandle:
+    def _create(
+        self, name: str, labels: dict[str, str], environment: dict[str, str], *, stdin: bool = False, **extra: Any
+    ) -> Any:
+        """A container of the runner image, created (not started); :class:`LaunchError` when it cannot be.
+
+        ``stdin``: its stdin open, and closed when the first attach ends (``StdinOnce``).
+        """
         opts = self.options
         doing = f"pull {opts.image}"
         try:
@@ -286,12 +325,15 @@ class DockerLauncher(Launcher):
                 network["network_mode"] = opts.network
             elif opts.network:
                 network["network"] = opts.network
-            container = client.containers.create(
+            return client.containers.create(
                 opts.image,
-                name=f"gantry-{assignment.runner_id}",
-                labels=self.labels(assignment),
-                environment=self._env(assignment),
-                detach=True,
+                name=name,
+                labels=labels,
+                environment=environment,
+                # The SDK sets StdinOnce only for a container it calls attached (not
+                # detached); it starts nothing either way, and attaches nothing itself.
+                detach=not stdin,
+                stdin_open=stdin,
                 # tini as PID 1: it passes docker stop's SIGTERM on to the runner
                 # and reaps the orphans of the runner's steps.
                 init=True,
@@ -299,6 +341,7 @@ class DockerLauncher(Launcher):
                 mem_limit=opts.memory,
                 volumes=list(opts.volumes) or None,
                 **network,
+                **extra,
             )
         except LaunchError:
             raise
@@ -306,8 +349,12 @@ class DockerLauncher(Launcher):
             if isinstance(exc, APIError) and exc.status_code == 409:
                 # The name is taken: an earlier try of this very launch whose
                 # answer was lost. It never started; remove it, and the retry creates anew.
-                self._remove_leftover(client, f"gantry-{assignment.runner_id}", assignment)
+                self._remove_leftover(name, labels)
             raise launch_error(exc, doing) from exc
+
+    def launch(self, assignment: Assignment) -> WorkerHandle:
+        opts = self.options
+        container = self._create(f"gantry-{assignment.runner_id}", self.labels(assignment), self._env(assignment))
         try:
             doing = "copy the runner token into the container"
             uid, gid = self._owner(container)
@@ -331,10 +378,10 @@ class DockerLauncher(Launcher):
             meta={"container_id": container.id, "name": container.name},
         )
 
-    def _remove_leftover(self, client: Any, name: str, assignment: Assignment) -> None:
+    def _remove_leftover(self, name: str, labels: dict[str, str]) -> None:
         with contextlib.suppress(Exception):
-            container = client.containers.get(name)
-            if container.labels == self.labels(assignment) and container.status == "created":
+            container = self._client().containers.get(name)
+            if container.labels == labels and container.status == "created":
                 container.remove(force=True, v=True)
 
     def _owner(self, container: Any) -> tuple[int, int]:
@@ -357,14 +404,111 @@ class DockerLauncher(Launcher):
                 return int(fields[2]), gid if gid is not None else int(fields[3])
         raise LaunchError(f"docker: the image's user {name!r} is not in its /etc/passwd", permanent=True)
 
-    # ------------------------------------------------------------ discover / alive
+    # ------------------------------------------------------------ warm runners
 
-    def _handle(self, container: Any) -> WorkerHandle:
-        labels = container.labels
+    def start_warm(self) -> WarmWorker:
+        warm_id = f"warm-{uuid.uuid4().hex[:12]}"
+        labels = {LABEL_MANAGED: "true", LABEL_GROUP: self.group_id, LABEL_WARM: warm_id}
+        # StdinOnce: the container's stdin closes when our attach does, after the claim or
+        # with this process. The image's entrypoint is the runner; the warm id marks it.
+        container = self._create(f"gantry-{warm_id}", labels, self._base_env(), command=["--warm", warm_id],
+                                 stdin=True)  # fmt: skip
+        doing = "attach to the warm container's stdin"
+        try:
+            # Attached before the start, as `docker run -i` does: no end-of-file can come first.
+            attached = container.attach_socket(params={"stdin": 1, "stream": 1})
+            doing = f"start a warm container from {self.options.image}"
+            container.start()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                container.remove(force=True, v=True)
+            raise launch_error(exc, doing) from exc
+        self._warm[warm_id] = attached
+        return WarmWorker(kind=self.kind, ident=warm_id, started_at=time.time(),
+                          meta={"container_id": container.id, "name": container.name})  # fmt: skip
+
+    def assign_warm(self, warm: WarmWorker, assignment: Assignment) -> WorkerHandle:
+        attached = self._warm.get(warm.ident)
+        if attached is None:
+            raise LaunchError(f"warm runner {warm.ident} is not one of this launcher's")
+        name = f"gantry-{assignment.runner_id}.run-{assignment.run_id}"
+        doing = f"hand warm container {warm.ident} its claim"
+        try:
+            container = self._client().containers.get(warm.meta["container_id"])
+            if container.status != "running":
+                raise LaunchError(f"warm runner {warm.ident} has exited ({container.status})")
+            # The name before the claim: a coordinator killed between the two still
+            # leaves a container its successor re-attaches to as this run's worker.
+            container.rename(name)
+            doing = f"write the claim to warm container {warm.ident}"
+            env = {**self._run_env(assignment), "GANTRY_RUNNER_TOKEN": assignment.runner_token}
+            _raw_socket(attached).sendall(json.dumps({"env": env}).encode() + b"\n")
+        except LaunchError:
+            raise
+        except Exception as exc:  # it died, or the engine failed: it read no claim; the pool stops it
+            raise launch_error(exc, doing) from exc
+        # Closing the attach closes its stdin (StdinOnce): the claim line, then end-of-file.
+        del self._warm[warm.ident]
+        _close(attached)
         return WorkerHandle(
             kind=self.kind,
-            run_id=labels.get(LABEL_RUN, ""),
-            runner_id=labels.get(LABEL_RUNNER, ""),
+            run_id=assignment.run_id,
+            runner_id=assignment.runner_id,
+            ident=container.short_id,
+            started_at=time.time(),
+            meta={"container_id": container.id, "name": name},
+        )
+
+    def warm_alive(self, warm: WarmWorker) -> bool:
+        if warm.ident not in self._warm:
+            return False
+        try:
+            return bool(self._client().containers.get(warm.meta["container_id"]).status == "running")
+        except NotFound:
+            return False
+        except Exception as exc:
+            # As is_alive: an engine that does not answer is no proof of a death.
+            event(log, "docker.unreachable", "cannot look at warm container %s: %s", warm.ident, exc,
+                  level=logging.WARNING, worker=warm.ident)  # fmt: skip
+            return True
+
+    def stop_warm(self, warm: WarmWorker) -> int | None:
+        """Remove the container (it holds nothing: no grace, and nothing to keep); its exit code if it had one."""
+        attached = self._warm.pop(warm.ident, None)
+        if attached is not None:
+            _close(attached)
+        try:
+            container = self._client().containers.get(warm.meta["container_id"])
+            state = container.attrs.get("State", {})
+            code = state.get("ExitCode") if container.status == "exited" else None
+            container.remove(force=True, v=True)
+        except NotFound:
+            return None
+        except Exception as exc:
+            # Left for a later discover, which removes idle warm containers.
+            event(log, "worker.remove_failed", "cannot remove warm container %s: %s", warm.ident, _explain(exc),
+                  level=logging.WARNING, worker=warm.ident)  # fmt: skip
+            return None
+        return int(code) if isinstance(code, int) else None
+
+    def warm_last_lines(self, warm: WarmWorker, limit: int = 20) -> list[str]:
+        return self._tail(warm.meta["container_id"], limit)
+
+    # ------------------------------------------------------------ discover / alive
+
+    def _handle(self, container: Any) -> WorkerHandle | None:
+        """The worker a container is, or None for an idle warm one (it has no run)."""
+        labels = container.labels
+        run_id, runner_id = labels.get(LABEL_RUN, ""), labels.get(LABEL_RUNNER, "")
+        if not run_id:
+            taken = _TAKEN_NAME.match(container.name or "")
+            if LABEL_WARM not in labels or taken is None:
+                return None
+            run_id, runner_id = taken.group("run"), taken.group("runner")
+        return WorkerHandle(
+            kind=self.kind,
+            run_id=run_id,
+            runner_id=runner_id,
             ident=container.short_id,
             started_at=_parse_started(container.attrs.get("State", {}).get("StartedAt")),
             meta={"container_id": container.id, "name": container.name},
@@ -386,6 +530,9 @@ class DockerLauncher(Launcher):
         alive: list[WorkerHandle] = []
         for container in containers:
             handle = self._handle(container)
+            if handle is None:
+                self._discard_idle_warm(container)
+                continue
             if container.status == "created":
                 # Created but never started: the coordinator died mid-launch. It
                 # holds a token file and will never run: remove it whatever `keep` says.
@@ -402,6 +549,22 @@ class DockerLauncher(Launcher):
                       worker=handle.ident, exit_code=code)  # fmt: skip
         return alive
 
+    def _discard_idle_warm(self, container: Any) -> None:
+        """Remove a warm container that never took a claim, unless it is one of ours still waiting.
+
+        Its coordinator is gone (its attach closed: it exited 0, or is about to);
+        it holds no run and no credential, so nothing is reported.
+        """
+        warm_id = container.labels.get(LABEL_WARM, "")
+        if warm_id in self._warm:
+            return
+        with contextlib.suppress(Exception):
+            container.reload()
+            if self._handle(container) is None:  # not renamed meanwhile: still no run's
+                container.remove(force=True, v=True)
+                event(log, "warm.discarded", "removed idle warm container %s (%s) left by an earlier coordinator",
+                      warm_id, container.status, worker=warm_id)  # fmt: skip
+
     def is_alive(self, handle: WorkerHandle) -> bool:
         try:
             return self._get(handle).status in LIVE_STATES
@@ -416,8 +579,11 @@ class DockerLauncher(Launcher):
 
     def last_lines(self, handle: WorkerHandle, limit: int = 20) -> list[str]:
         """The tail of the container's output (the runner's own log lines), from the engine's log."""
+        return self._tail(handle.meta["container_id"], limit)
+
+    def _tail(self, container_id: str, limit: int) -> list[str]:
         try:
-            data = self._get(handle).logs(stdout=True, stderr=True, tail=limit)
+            data = self._client().containers.get(container_id).logs(stdout=True, stderr=True, tail=limit)
         except Exception:
             return []  # gone, or a log driver the engine cannot read back
         return bytes(data).decode(errors="replace").splitlines()[-limit:]
@@ -463,3 +629,22 @@ class DockerLauncher(Launcher):
             event(log, "worker.remove_failed", "cannot remove container %s: %s", handle.ident, _explain(exc),
                   level=logging.WARNING, run_id=handle.run_id, worker=handle.ident)  # fmt: skip
         return int(code) if isinstance(code, int) else None
+
+
+def _raw_socket(attached: Any) -> socket.socket:
+    """The socket under what the SDK's ``attach_socket`` answers (a ``SocketIO`` over a Unix or TCP socket)."""
+    raw = getattr(attached, "_sock", attached)
+    if not isinstance(raw, socket.socket):
+        raise LaunchError(f"docker: an attach gave {type(attached).__name__}, not a socket", permanent=True)
+    return raw
+
+
+def _close(attached: Any) -> None:
+    """End the attach: the engine sees end-of-file on it and closes the container's stdin (StdinOnce)."""
+    with contextlib.suppress(Exception):
+        raw = _raw_socket(attached)
+        # shutdown, not only close: the SDK's response object holds the socket open too.
+        raw.shutdown(socket.SHUT_RDWR)
+        raw.close()
+    with contextlib.suppress(Exception):
+        attached.close()

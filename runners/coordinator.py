@@ -608,7 +608,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # Bounded: each warm runner is a process (a container) held idle; more than can ever be busy at once is waste.
     check_range(parser, args.warm, "--warm (GANTRY_WARM)", 0, args.max_parallel)
     if args.warm and not launchers.get(args.launcher).supports_warm:
-        parser.error(f"--warm (GANTRY_WARM): the {args.launcher} launcher keeps no warm runners (local does)")
+        parser.error(f"--warm (GANTRY_WARM): the {args.launcher} launcher keeps no warm runners (local and docker do)")
     check_range(parser, args.wait, "--wait (GANTRY_POLL_WAIT)", 0, 30)
     check_range(parser, args.reconcile_interval, "--reconcile-interval (GANTRY_RECONCILE_INTERVAL)", 0.1, 300)
     check_range(parser, args.backoff_cap, "--backoff-cap", 0.01, None)

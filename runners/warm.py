@@ -32,12 +32,16 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from gantry_wire import logsetup
 from gantry_wire.logsetup import event
-from launchers.base import Assignment, Launcher, LaunchError, WarmWorker, WorkerHandle
 from runners.client import Backoff, RetryPolicy
+
+if TYPE_CHECKING:
+    # The coordinator's half only: the runner image (runners/Dockerfile) has no launchers package, and
+    # its warm runner imports this module. The pool's methods import LaunchError where they catch it.
+    from launchers.base import Assignment, Launcher, WarmWorker, WorkerHandle
 
 log = logging.getLogger("gantry.coordinator")
 
@@ -154,6 +158,8 @@ class WarmPool:
     def take(self, assignment: Assignment) -> WorkerHandle | None:
         """Hand the claim to the oldest waiting warm runner (the likeliest to be done importing); None when
         none can take it (the caller launches cold)."""
+        from launchers.base import LaunchError
+
         while True:
             with self._lock:
                 if not self._idle:
@@ -176,6 +182,8 @@ class WarmPool:
 
     def maintain(self) -> None:
         """Forget the warm runners that died (no run is touched: they held none) and start new ones up to size."""
+        from launchers.base import LaunchError
+
         for warm in self.idle():
             if not self.launcher.warm_alive(warm):
                 with self._lock:

@@ -222,8 +222,8 @@ def test_the_warm_count_stays_n_while_runs_flow(site: Site, coordinators: list[C
         (["--max-parallel", "2", "--warm", "3"], "--warm (GANTRY_WARM) must be from 0 to 2, not 3"),
         (["--warm", "-1"], "--warm (GANTRY_WARM) must be from 0 to 4, not -1"),
         (
-            ["--launcher", "docker", "--launcher-option", "image=gantry-runner:local", "--warm", "1"],
-            "--warm (GANTRY_WARM): the docker launcher keeps no warm runners (local does)",
+            ["--launcher", "kubernetes", "--warm", "1"],
+            "--warm (GANTRY_WARM): the kubernetes launcher keeps no warm runners (local and docker do)",
         ),
     ],
 )
