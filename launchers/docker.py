@@ -369,13 +369,17 @@ class DockerLauncher(Launcher):
             if isinstance(exc, LaunchError):
                 raise
             raise launch_error(exc, doing) from exc
+        return self._worker(assignment, container, container.name)
+
+    def _worker(self, assignment: Assignment, container: Any, name: str) -> WorkerHandle:
+        """The handle of the container now running ``assignment``'s runner (launched cold or handed a claim)."""
         return WorkerHandle(
             kind=self.kind,
             run_id=assignment.run_id,
             runner_id=assignment.runner_id,
             ident=container.short_id,
             started_at=time.time(),
-            meta={"container_id": container.id, "name": container.name},
+            meta={"container_id": container.id, "name": name},
         )
 
     def _remove_leftover(self, name: str, labels: dict[str, str]) -> None:
@@ -450,14 +454,7 @@ class DockerLauncher(Launcher):
         # Closing the attach closes its stdin (StdinOnce): the claim line, then end-of-file.
         del self._warm[warm.ident]
         _close(attached)
-        return WorkerHandle(
-            kind=self.kind,
-            run_id=assignment.run_id,
-            runner_id=assignment.runner_id,
-            ident=container.short_id,
-            started_at=time.time(),
-            meta={"container_id": container.id, "name": name},
-        )
+        return self._worker(assignment, container, name)
 
     def warm_alive(self, warm: WarmWorker) -> bool:
         if warm.ident not in self._warm:

@@ -20,7 +20,7 @@ import contextlib
 import os
 import random
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,16 +136,19 @@ class DockerLab:
         self.labs.append(other)
         return other
 
-    def coordinator(self, *options: str, lab: Lab | None = None, state_dir: Path | None = None) -> Coordinator:
-        """A coordinator on the Docker launcher with the runner image, host networking and /shared."""
+    def coordinator(
+        self, *options: str, lab: Lab | None = None, state_dir: Path | None = None, args: Sequence[str] = ()
+    ) -> Coordinator:
+        """A coordinator on the Docker launcher with the runner image, host networking and /shared
+        (``options``: launcher options KEY=VALUE; ``args``: more of the coordinator's own flags)."""
         chosen = {"image": RUNNER_IMAGE, "network": "host", "pull": "never", "volume": f"{self.shared}:/shared"}
         for option in options:
             key, _, value = option.partition("=")
             chosen[key] = value
-        args = ["--launcher", "docker"]
+        argv = ["--launcher", "docker", *args]
         for key, value in chosen.items():
-            args += ["--launcher-option", f"{key}={value}"]
-        return (lab or self.lab).coordinator(*args, state_dir=state_dir)
+            argv += ["--launcher-option", f"{key}={value}"]
+        return (lab or self.lab).coordinator(*argv, state_dir=state_dir)
 
     def containers(self, *, run_id: str | None = None, group_id: int | None = None) -> list[Any]:
         selector = [f"{LABEL_MANAGED}=true", f"{LABEL_GROUP}={group_id or self.lab.group_id}"]
