@@ -212,7 +212,7 @@ class GantryConf:
     poll_max_wait: int
     # A group none of whose coordinators polled for this long looks offline (the queue's no_runner_polling).
     poll_stale_after: int
-    # Finished runs (and their events, logs and live records) are kept this many days after they
+    # Finished runs (and their events, logs, live records and webhook deliveries) are kept this many days after they
     # finished, then removed by the retention reaper; 0 keeps them for ever (docs/reapers.md).
     retention_days: int = 30
     # Runs the retention reaper deletes per transaction, and most finished runs it examines per tick.

@@ -51,8 +51,9 @@ REAPER_OUTCOMES: dict[str, tuple[str, ...]] = {
     "inactive_runners": ("stub_deleted", "runner_lost", "runner_deleted", "flush_failed", "skipped", "error"),
     "cancellation_backstop": ("cancelled", "skipped", "error"),
     # Retention (gantry.reapers.retention): runs removed, with their events; run logs whose
-    # storage objects and Redis records were removed; purges that failed and wait for the next tick.
-    "retention": ("run_deleted", "event_deleted", "log_purged", "purge_failed", "error"),
+    # storage objects and Redis records were removed; purges that failed and wait for the next tick;
+    # webhook deliveries removed (with their run, or finished past retention).
+    "retention": ("run_deleted", "event_deleted", "log_purged", "purge_failed", "delivery_deleted", "error"),
     "force_delete": ("runner_deleted", "run_failed"),
 }
 # Sweep durations: a sweep with nothing due takes a millisecond or two; a full

@@ -612,6 +612,10 @@ class DeliveryStatus(models.TextChoices):
     FAILED = "failed"
 
 
+# A delivery no sender will touch again: retention may remove it (gantry.sql.retention).
+DELIVERY_FINISHED = frozenset({DeliveryStatus.DELIVERED, DeliveryStatus.FAILED})
+
+
 class WebhookDelivery(models.Model):
     """One event for one endpoint: the outbox row, written by the transition's own statement (gantry.sql.runs).
 
@@ -619,8 +623,11 @@ class WebhookDelivery(models.Model):
     covers those bytes). The bigserial ``id`` orders a run's deliveries: it is
     drawn after the run's row lock, so a later transition of a run always has a
     larger one; a run's delivery to an endpoint waits while an earlier one is
-    pending (gantry.webhooks.delivery). ``run_id`` is a plain id: retention
-    deletes runs set-based, and the history of a delivery may outlive its run.
+    pending (gantry.webhooks.delivery). ``run_id`` is a plain id (no FK to
+    check on every transition's insert): retention deletes a run's finished
+    deliveries in the statement that deletes the run, and a pending one finishes
+    its tries (its body carries all it says) and goes with the finished rows
+    past retention (gantry.sql.retention).
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -656,6 +663,18 @@ class WebhookDelivery(models.Model):
             ),
             # An endpoint's recent deliveries (the page, the API); also serves the FK.
             models.Index(fields=["endpoint", "-id"], name="webhook_delivery_recent_idx"),
+            # Retention (migration 0023): finished rows by when they were last tried, and by run (deleted
+            # with their run). Only finished rows are in them, so the sender's writes to pending ones add nothing.
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                condition=Q(status__in=sorted(DELIVERY_FINISHED)),
+                name="webhook_delivery_finished_idx",
+            ),
+            models.Index(
+                fields=["run_id"],
+                condition=Q(status__in=sorted(DELIVERY_FINISHED)),
+                name="webhook_delivery_run_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -64,5 +64,9 @@ def unseal(stored: dict[str, str]) -> dict[str, str]:
 
 def rotate(stored: dict[str, str]) -> dict[str, str]:
     """Re-encrypt every token under the first key (MultiFernet.rotate)."""
-    keys = _keys()
-    return {name: keys.rotate(token.encode("ascii")).decode("ascii") for name, token in stored.items()}
+    return {name: rotate_token(token) for name, token in stored.items()}
+
+
+def rotate_token(token: str) -> str:
+    """One sealed value re-encrypted under the first key (a webhook endpoint's secret is one such token)."""
+    return _keys().rotate(token.encode("ascii")).decode("ascii")

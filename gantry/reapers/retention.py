@@ -1,4 +1,5 @@
-"""Retention: finished runs past ``GANTRY_RETENTION_DAYS`` go, with their events, log chunks and live records.
+"""Retention: finished runs past ``GANTRY_RETENTION_DAYS`` go, with their events, log chunks and live records;
+finished webhook deliveries past it go too.
 
 What is removed, and what is kept (docs/reapers.md, "Retention"):
 
@@ -11,6 +12,10 @@ What is removed, and what is kept (docs/reapers.md, "Retention"):
   (so the deployment keeps its final status and its last run's record). The
   deployments themselves are kept. ``GANTRY_RETENTION_DAYS=0`` keeps
   everything for ever.
+- A webhook delivery is removed once it is finished (delivered, or failed
+  after its day of tries) more than ``GANTRY_RETENTION_DAYS`` ago, or with its
+  run when the run is removed and the delivery is finished. A pending one is
+  never removed: it still has an event to deliver.
 
 Bounded per tick: the scan walks the partial index run_finished_idx
 (migration 0014) in (finished_at, id) order, ``batch_size`` runs per
@@ -20,6 +25,8 @@ re-read on every tick; a cursor in Redis remembers where the last tick
 stopped, and the walk starts over from the oldest once it reaches the
 cut-off, so a run superseded later (a retry of an old deployment) is found on
 the next pass. A lost cursor only costs a walk from the start, still bounded.
+Deliveries are bounded alike (``batch_size`` a statement, ``max_rows`` a
+tick) and need no cursor: every row their scan selects is deleted.
 
 Storage is deleted after the rows, through an outbox: each batch deletes the
 runs and inserts their ids into ``log_purge`` in one transaction; after
@@ -116,14 +123,42 @@ def sweep(
             after = _BEFORE_ALL  # reached the cut-off: the next pass starts from the oldest
             break
     _save_cursor(None if after == _BEFORE_ALL else after)
+    sweep_deliveries(counts, batch, cutoff=cutoff, batch_size=batch_size, max_rows=max_rows)
+
+
+def sweep_deliveries(
+    counts: Counter[str], batch: Batch[Any], *, cutoff: datetime, batch_size: int, max_rows: int
+) -> None:
+    """Delete webhook deliveries finished before ``cutoff``, oldest first.
+
+    ``batch_size`` a transaction, ``max_rows`` a tick; a failed batch counts
+    ``error`` and leaves the rest to the next tick.
+    """
+    deleted = 0
+    while deleted < max_rows:
+        limit = min(batch_size, max_rows - deleted)
+        got = batch(partial(_delete_deliveries, cutoff, limit))
+        if got is None:
+            return  # an error: the next tick retries
+        counts["delivery_deleted"] += got
+        deleted += got
+        if got < limit:
+            return  # none left past the cut-off (or the rest are locked: the next tick)
+
+
+def _delete_deliveries(cutoff: datetime, limit: int) -> int:
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(sql.DELETE_DELIVERIES, {"cutoff": cutoff, "limit": limit})
+        return cur.rowcount
 
 
 def _delete(ids: list[uuid.UUID], counts: Counter[str], *, cutoff: datetime, now: datetime) -> bool:
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(sql.DELETE, {"ids": ids, "cutoff": cutoff, "now": now})
-        runs, events = cur.fetchone()
+        runs, events, deliveries = cur.fetchone()
     counts["run_deleted"] += runs
     counts["event_deleted"] += events
+    counts["delivery_deleted"] += deliveries
     # After commit: the objects of what this batch deleted (and anything left before it).
     if runs:
         purge_pending(counts, lambda work: work(), batch_size=len(ids), max_rows=len(ids))

@@ -1,4 +1,5 @@
-"""Retention: finished runs past GANTRY_RETENTION_DAYS go with their events, log chunks and Redis records.
+"""Retention: finished runs past GANTRY_RETENTION_DAYS go with their events, log chunks and Redis records;
+finished webhook deliveries go with their run, or once past retention themselves.
 
 Never a run that is not terminal, never a deployment's newest run (the
 deployment keeps its final status), nothing at all with 0 days. Storage is
@@ -15,17 +16,36 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
+from django.utils import timezone
 
 from gantry import conf
 from gantry.core import services
-from gantry.core.models import DeploymentStatus, LogPurge, Run, RunEvent, RunnerGroup, RunStatus, RunToken, Stack
+from gantry.core.models import (
+    WEBHOOK_EVENTS,
+    DeliveryStatus,
+    DeploymentStatus,
+    LogPurge,
+    Organization,
+    Run,
+    RunEvent,
+    RunnerGroup,
+    RunStatus,
+    RunToken,
+    Stack,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from gantry.logs import live
 from gantry.logs.reader import INDEX_KEY
 from gantry.logs.storage import get_storage
 from gantry.reapers.reapers import retention
 from gantry.redis import client as redis_client
+from gantry.webhooks import delivery
+from gantry.webhooks import services as webhooks
 from tests.core.drive import deployment_status, newest_run
 from tests.logs.conftest import moto_endpoint, s3  # noqa: F401 (fixtures)
+from tests.webhooks.receiver import Receiver, receiver
 
 from .helpers import T0, accepted, at, event_kinds
 
@@ -211,3 +231,116 @@ def test_it_deletes_the_chunks_from_s3_in_batches(
     assert keys(old) == []
     assert len(keys(kept)) == 1  # a newest run's chunks stay
     assert Run.objects.filter(id=newest.id).exists()
+
+
+# ---------------------------------------------------------------- webhook deliveries
+
+
+@pytest.fixture
+def hooks(settings: Any) -> Iterator[tuple[Receiver, Receiver]]:
+    """Two real receivers on 127.0.0.1: the first answers 204, the second 500 (its deliveries stay pending)."""
+    settings.GANTRY_WEBHOOK_ALLOW_PRIVATE = True
+    with receiver() as ok, receiver() as down:
+        down.answers = [500] * 100
+        yield ok, down
+
+
+def _endpoints(org: Organization, *receivers: Receiver) -> list[WebhookEndpoint]:
+    return [
+        webhooks.endpoint_create(org=org, url=r.url, events=list(WEBHOOK_EVENTS), secret="s3cret-s3cret-s3cret")
+        for r in receivers
+    ]
+
+
+def _send_all() -> None:
+    """The real sender, once, over every row (the transitions wrote them at T0, in the future: due now by hand)."""
+    WebhookDelivery.objects.update(next_attempt_at=timezone.now())
+    delivery.deliver_due()
+
+
+def _finished_a_day_after_written() -> None:
+    """Date the finished rows' last attempt a day after their transition, as if the receiver had been down that day.
+
+    (The sender writes the wall clock; the runs live at T0.)
+    """
+    WebhookDelivery.objects.exclude(status=DeliveryStatus.PENDING).update(
+        next_attempt_at=F("created_at") + timedelta(days=1)
+    )
+
+
+def _rows(run: Run, endpoint: WebhookEndpoint) -> int:
+    return WebhookDelivery.objects.filter(run_id=run.id, endpoint=endpoint).count()
+
+
+def test_finished_deliveries_go_with_their_run_then_past_retention_and_pending_ones_stay(
+    stack: Stack, group: RunnerGroup, log_dir: Path, retention_days: Any, hooks: tuple[Receiver, Receiver]
+) -> None:
+    up, down = _endpoints(stack.organization, *hooks)
+    old = _started_and_failed(stack, group, T0)
+    newest = _retried(old, at(minutes=10))
+    _send_all()
+    _finished_a_day_after_written()
+    assert not WebhookDelivery.objects.filter(endpoint=up).exclude(status=DeliveryStatus.DELIVERED).exists()
+    assert not WebhookDelivery.objects.filter(endpoint=down).exclude(status=DeliveryStatus.PENDING).exists()
+    old_up, newest_up, waiting = _rows(old, up), _rows(newest, up), WebhookDelivery.objects.filter(endpoint=down)
+    pending = sorted(waiting.values_list("id", flat=True))
+    assert (old_up, newest_up) == (4, 3)  # queued, running, failure, deployment.finished; queued, timeout, finished
+    assert len(pending) == old_up + newest_up
+
+    # The old run goes, and its delivered rows with it, though they finished within retention; the
+    # newest run's (finished within retention) stay, and no pending row goes, whatever its run.
+    first = retention(now=T0 + timedelta(days=DAYS, hours=1))
+
+    assert (first.counts["run_deleted"], first.counts["delivery_deleted"]) == (1, old_up)
+    assert _rows(old, up) == 0
+    assert _rows(newest, up) == newest_up
+    assert sorted(waiting.values_list("id", flat=True)) == pending
+
+    # A day later the newest run's deliveries are past retention too; the run itself stays.
+    second = retention(now=T0 + timedelta(days=DAYS + 1, hours=1))
+
+    assert (second.counts["run_deleted"], second.counts["delivery_deleted"]) == (0, newest_up)
+    assert _rows(newest, up) == 0
+    assert Run.objects.filter(id=newest.id).exists()
+    assert sorted(waiting.values_list("id", flat=True)) == pending
+
+
+def test_failed_deliveries_go_past_retention_and_zero_days_keeps_them(
+    stack: Stack, group: RunnerGroup, log_dir: Path, retention_days: Any, hooks: tuple[Receiver, Receiver]
+) -> None:
+    (down,) = _endpoints(stack.organization, hooks[1])
+    only = _started_and_failed(stack, group, T0)
+    # Written a day and more before now (the sender gives up on a row a day old): failed at the first answer.
+    WebhookDelivery.objects.update(created_at=timezone.now() - timedelta(days=2))
+    for _ in range(_rows(only, down)):
+        _send_all()  # one row of the run a round: the next waits while an earlier one is pending
+    assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {DeliveryStatus.FAILED}
+    _finished_a_day_after_written()
+    failed = _rows(only, down)
+    later = timezone.now() + timedelta(days=DAYS, hours=1)
+
+    retention_days(0)
+    assert retention(now=later).acted == 0
+    assert _rows(only, down) == failed
+
+    retention_days(DAYS)
+    assert retention(now=later).counts["delivery_deleted"] == failed
+    assert Run.objects.filter(id=only.id).exists()  # a deployment's newest run stays
+
+
+def test_deliveries_are_removed_in_bounded_batches(
+    stack: Stack, group: RunnerGroup, log_dir: Path, retention_days: Any, hooks: tuple[Receiver, Receiver]
+) -> None:
+    _endpoints(stack.organization, hooks[0])
+    for i in range(3):
+        other = services.stack_create(org=stack.organization, name=f"s{i}", labels=stack.labels, spec=stack.spec)
+        _started_and_failed(other, group, at(minutes=i))
+    _send_all()
+    _finished_a_day_after_written()
+    assert WebhookDelivery.objects.count() == 12  # queued, running, failure, deployment.finished of each
+    later = T0 + timedelta(days=DAYS + 2)
+
+    ticks = [retention(now=later, batch_size=2, max_rows=5).counts["delivery_deleted"] for _ in range(4)]
+
+    assert ticks == [5, 5, 2, 0]
+    assert not WebhookDelivery.objects.exists()

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
+from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
-from gantry.core import services
+from gantry.core import secrets, services
 from gantry.core.errors import InvalidTransition, WebhookUrlForbidden
 from gantry.core.models import (
     WEBHOOK_EVENTS,
@@ -24,6 +27,7 @@ from gantry.core.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from gantry.core.secrets import SecretUnreadable
 from gantry.webhooks import delivery
 from gantry.webhooks import services as webhooks
 from tests.core.drive import deploy, drive
@@ -229,3 +233,40 @@ def test_a_private_address_is_refused_at_registration_and_at_send(
 def test_the_signature_is_hmac_sha256_of_the_raw_body() -> None:
     body = b'{"event": "run.queued"}'
     assert delivery.signature("k" * 16, body) == ("sha256=" + hmac.new(b"k" * 16, body, hashlib.sha256).hexdigest())
+
+
+@pytest.fixture
+def keys(settings: Any) -> Iterator[Callable[..., None]]:
+    """Set GANTRY_SECRETS_KEYS to the keys given (the first seals); the cached keys are forgotten before and after."""
+
+    def use(*keys: bytes) -> None:
+        settings.GANTRY_SECRETS_KEYS = ",".join(k.decode() for k in keys)
+        secrets.reset_keys()
+
+    yield use
+    secrets.reset_keys()
+
+
+def test_rotate_secrets_reseals_the_webhook_secret_and_deliveries_still_sign_with_it(
+    acme: Organization, stack: Stack, hook: Receiver, keys: Callable[..., None]
+) -> None:
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    keys(old)
+    made = endpoint(acme, hook.url, ["run.queued"])
+
+    keys(new, old)
+    out = io.StringIO()
+    call_command("rotate_secrets", stdout=out)
+
+    assert "1 webhook endpoint(s)" in out.getvalue()
+    sealed = WebhookEndpoint.objects.values_list("secret_sealed", flat=True).get(id=made.id)
+    assert sealed != made.secret_sealed
+    keys(old)
+    with pytest.raises(SecretUnreadable):
+        webhooks.endpoint_secret(sealed)  # sealed under the new key only
+
+    keys(new)  # the old key dropped: the endpoint still signs
+    deploy(stack, now=past())
+    assert delivery.deliver_due() == {"delivered": 1}
+    (request,) = hook.requests
+    assert verify(request.headers, request.body)
