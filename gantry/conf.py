@@ -233,6 +233,9 @@ class GantryConf:
     priority_aging_seconds: int = 900
     # The window over which a group's recent hand-out rate is read for a waiting run's expected start.
     queue_rate_window: int = 600
+    # Webhook endpoints may resolve to private, loopback or link-local addresses (tests, a private network's
+    # receivers); off, they are refused at registration and at send time (docs/webhooks.md).
+    webhook_allow_private: bool = False
 
     def check(self) -> None:
         if self.stub_cutoff <= self.assignment_ttl:
@@ -298,6 +301,7 @@ def get() -> GantryConf:
         # At most a day per level: the claim computes levels in whole seconds, and no queue should need more.
         priority_aging_seconds=envint("GANTRY_PRIORITY_AGING_SECONDS", 900, minimum=1, maximum=86_400),
         queue_rate_window=envint("GANTRY_QUEUE_RATE_WINDOW", 600, minimum=10, maximum=86_400),
+        webhook_allow_private=envbool("GANTRY_WEBHOOK_ALLOW_PRIVATE", False),
     )
     conf.check()
     return conf

@@ -15,7 +15,6 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from gantry import conf, embedded
-from gantry.env import envbool
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -288,8 +287,9 @@ CELERY_BEAT_SCHEDULE["webhooks-deliver"] = {
     "schedule": 10.0,
     "options": {"expires": 10.0},
 }
-# Let webhook endpoints resolve to private, loopback or link-local addresses (tests, a closed network).
-GANTRY_WEBHOOK_ALLOW_PRIVATE = envbool("GANTRY_WEBHOOK_ALLOW_PRIVATE", False)
+# Let webhook endpoints resolve to private, loopback or link-local addresses (tests, a closed network):
+# GANTRY_WEBHOOK_ALLOW_PRIVATE, read by conf; a setting so a test can flip it for one test.
+GANTRY_WEBHOOK_ALLOW_PRIVATE = _conf.webhook_allow_private
 
 # The backend dispatcher (github_actions groups; docs/github-actions.md), when GitHub is configured,
 # unless it runs as `manage.py dispatcher` processes of their own (GANTRY_DISPATCH_IN_WORKER=false).

@@ -29,10 +29,6 @@ from gantry.sql.statement import fetchone
 
 log = logging.getLogger("gantry.logs")
 
-# The run's first push with output (once per run: _store_live). The run's own
-# clock, as its other timestamps; a guarded UPDATE, so a replay changes nothing.
-STAMP_FIRST_OUTPUT = "UPDATE run SET first_output_at = now() WHERE id = %(run)s AND first_output_at IS NULL"
-
 # Storage writes a batch flush runs at once (see flush_live_logs).
 FLUSH_THREADS = 16
 
@@ -82,7 +78,7 @@ def _store_live(
     if result.first_output:
         try:
             with connection.cursor() as cur:
-                cur.execute(STAMP_FIRST_OUTPUT, {"run": run_id})
+                cur.execute(sql.STAMP_FIRST_OUTPUT, {"run": run_id})
         except DatabaseError:
             log.warning("run %s: first_output_at not stamped", run_id, exc_info=True,
                         extra={"event": "logs.first_output_failed", "run_id": str(run_id)})  # fmt: skip

@@ -45,3 +45,7 @@ FROM unnest(%s::uuid[], %s::jsonb[], %s::uuid[]) AS v(id, manifest, runner)
 WHERE run.id = v.id AND ((run.log_manifest IS NULL AND v.manifest IS NOT NULL) OR {_RELEASABLE})
 RETURNING run.id, v.manifest IS NOT NULL AND run.log_manifest = v.manifest
 """
+
+# The run's first push with output (once per run: gantry.logs.services._store_live). The run's own
+# clock, as its other timestamps; a guarded UPDATE, so a replay changes nothing.
+STAMP_FIRST_OUTPUT = "UPDATE run SET first_output_at = now() WHERE id = %(run)s AND first_output_at IS NULL"

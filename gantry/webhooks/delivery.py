@@ -33,6 +33,7 @@ from django.utils import timezone
 from gantry.core.errors import GantryError
 from gantry.core.models import DeliveryStatus
 from gantry.core.secrets import SecretUnreadable
+from gantry.sql import webhooks as sql
 from gantry.webhooks import addresses
 from gantry.webhooks.services import endpoint_secret
 
@@ -76,27 +77,9 @@ class Claimed:
     created_at: datetime
 
 
-CLAIM = """
-WITH due AS (
-    SELECT d.id FROM webhook_delivery d
-    WHERE d.status = 'pending' AND d.next_attempt_at <= %(now)s
-      AND NOT EXISTS (SELECT 1 FROM webhook_delivery p
-                      WHERE p.status = 'pending' AND p.endpoint_id = d.endpoint_id
-                        AND p.run_id = d.run_id AND p.id < d.id)
-    ORDER BY d.next_attempt_at, d.id
-    LIMIT %(limit)s
-    FOR UPDATE OF d SKIP LOCKED
-)
-UPDATE webhook_delivery w SET attempts = w.attempts + 1, next_attempt_at = %(lease)s
-FROM due, webhook_endpoint e
-WHERE w.id = due.id AND e.id = w.endpoint_id
-RETURNING w.id, e.url, e.secret_sealed, w.event, w.body, w.delivery_id::text, w.attempts, w.created_at
-"""
-
-
 def claim(now: datetime, limit: int = BATCH) -> list[Claimed]:
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(CLAIM, {"now": now, "limit": limit, "lease": now + LEASE})
+        cur.execute(sql.CLAIM, {"now": now, "limit": limit, "lease": now + LEASE})
         return [Claimed(*row) for row in cur.fetchall()]
 
 
@@ -152,13 +135,6 @@ def send(row: Claimed) -> tuple[int | None, str]:
     return code, "" if 200 <= code < 300 else f"answered {code}"
 
 
-RECORD = """
-UPDATE webhook_delivery SET status = %(status)s, last_status_code = %(code)s, last_error = %(error)s,
-       next_attempt_at = %(next)s, delivered_at = %(delivered)s
-WHERE id = %(id)s
-"""
-
-
 def record(row: Claimed, code: int | None, error: str, now: datetime) -> str:
     """Write ``row``'s attempt down; its new status."""
     nxt = now + backoff(row.attempts)
@@ -170,7 +146,7 @@ def record(row: Claimed, code: int | None, error: str, now: datetime) -> str:
         status, delivered = DeliveryStatus.PENDING, None
     with connection.cursor() as cur:
         cur.execute(
-            RECORD,
+            sql.RECORD,
             {"status": status, "code": code, "error": error, "next": nxt, "delivered": delivered, "id": row.id},
         )
     if status != DeliveryStatus.DELIVERED:
