@@ -211,18 +211,21 @@ def sequential(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool
 
 def burst(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool) -> tuple[list[Timed], float]:
     api = Api(port, g.user_token)
-    runs = [post(api, stack_id) for stack_id in stacks]
     give_up = time.monotonic() + RUN_DEADLINE * 2
-    if waits:
-        threads = [
-            threading.Thread(
-                target=read_until, args=(Api(port, g.user_token), t, marker),
+    runs: list[Timed] = []
+    threads: list[threading.Thread] = []
+    for stack_id in stacks:
+        runs.append(post(api, stack_id))
+        if waits:
+            # A reader per run from its POST on, as a person who queued it and opened its page: a long poll
+            # parks on the server's event loop, so 30 of them hold no server thread.
+            reader = threading.Thread(
+                target=read_until, args=(Api(port, g.user_token), runs[-1], marker),
                 kwargs={"waits": True, "stop": partial(_past, give_up)},
-            )
-            for t in runs
-        ]  # fmt: skip
-        for th in threads:
-            th.start()
+            )  # fmt: skip
+            reader.start()
+            threads.append(reader)
+    if waits:
         for th in threads:
             th.join()
     else:
