@@ -55,17 +55,22 @@ def test_a_warm_container_holds_nothing_then_takes_a_claim_and_the_run_succeeds(
     assert warm.attrs["Config"]["Cmd"] == ["--warm", warm.labels[LABEL_WARM]]
     assert warm.attrs["Config"]["User"] == "10001:10001"
 
-    run_id = dlab.lab.deploy([{"name": "who", "run": 'echo "uid $(id -u) token ${GANTRY_RUNNER_TOKEN:-none}"'}])
-    run = dlab.lab.wait_terminal(run_id)
-    assert run["status"] == "succeeded", run
-    assert "uid 10001 token none\n" in dlab.lab.read_log(run_id)[0]
+    # The step waits for a go, so the container is still there to inspect while it runs its run (once the
+    # run ends the coordinator reaps and removes it within moments).
+    who = 'echo "uid $(id -u) token ${GANTRY_RUNNER_TOKEN:-none}"; ' + WAIT_FOR_GO
+    run_id = dlab.lab.deploy([{"name": "who", "run": who}])
+    wait_until(lambda: "waiting" in dlab.lab.log_so_far(run_id), 60, "the run to start")
     [launched] = coordinator.named("worker.launched", run_id)
     assert launched["warm"] is True
     assert launched["worker"] == warm.short_id
-    # The container that ran it is the warm one, renamed for its run; still no token in its configuration.
+    # The container that runs it is the warm one, renamed for its run; still no token in its configuration.
     warm.reload()
     assert warm.name == f"gantry-{launched['runner_id']}.run-{run_id}"
     assert not JWT.search(dlab.inspect(warm.id))
+    (dlab.shared / "go").touch()
+    run = dlab.lab.wait_terminal(run_id)
+    assert run["status"] == "succeeded", run
+    assert "uid 10001 token none\n" in dlab.lab.read_log(run_id)[0]
     [exited] = wait_until(lambda: coordinator.named("worker.exited", run_id), 30, "the worker to be reaped")
     assert exited["exit_code"] == 0
     wait_until(lambda: warm.short_id not in [c.short_id for c in warm_containers(dlab, idle=False)], 30,
