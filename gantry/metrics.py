@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import redis
@@ -43,6 +43,21 @@ from gantry.ticker import Ticker
 log = logging.getLogger("gantry.metrics")
 
 T = TypeVar("T")
+
+
+def cumulative_buckets(values: Mapping[str, str], prefix: str, bounds: Sequence[float]) -> list[tuple[str, float]]:
+    """A histogram's cumulative (le, count) pairs from per-bucket counts stored at ``prefix`` + bucket index."""
+    total, buckets = 0.0, []
+    for i, le in enumerate((*bounds, math.inf)):
+        total += float(values.get(f"{prefix}{i}", 0))
+        buckets.append(("+Inf" if le == math.inf else str(le), total))
+    return buckets
+
+
+def bucket_of(seconds: float, bounds: Sequence[float]) -> int:
+    """The index of the first histogram bucket holding ``seconds`` (``len(bounds)``: the +Inf bucket)."""
+    return next((i for i, le in enumerate(bounds) if seconds <= le), len(bounds))
+
 
 # Every reaper and the outcomes it counts, so each series exists (at 0) before its first event.
 REAPER_OUTCOMES: dict[str, tuple[str, ...]] = {
@@ -83,7 +98,7 @@ def record_reaped(reaper: str, counts: Mapping[str, int], seconds: float | None 
         for field, n in fields.items():
             pipe.hincrby(_key(), field, n)
         if seconds is not None:
-            bucket = next((i for i, le in enumerate(SWEEP_BUCKETS) if seconds <= le), len(SWEEP_BUCKETS))
+            bucket = bucket_of(seconds, SWEEP_BUCKETS)
             pipe.hincrby(_key(), f"sweeps|{reaper}", 1)
             pipe.hincrbyfloat(_key(), f"seconds|{reaper}", seconds)
             pipe.hincrby(_key(), f"bucket|{reaper}|{bucket}", 1)
@@ -127,10 +142,7 @@ class ReaperCollector(Collector):
         for reaper in REAPER_OUTCOMES:
             if reaper == "force_delete":
                 continue  # an operator action, not a sweep
-            cumulative, buckets = 0.0, []
-            for i, le in enumerate((*SWEEP_BUCKETS, math.inf)):
-                cumulative += float(values.get(f"bucket|{reaper}|{i}", 0))
-                buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+            buckets = cumulative_buckets(values, f"bucket|{reaper}|", SWEEP_BUCKETS)
             duration.add_metric([reaper], buckets, sum_value=float(values.get(f"seconds|{reaper}", 0)))
         return [reaped, duration]
 
@@ -164,7 +176,7 @@ def record_dispatch_tick(
     launches: Mapping[str, int],
 ) -> None:
     """Add one dispatcher tick's figures (fails open: a Redis outage loses figures, never a tick)."""
-    bucket = next((i for i, le in enumerate(TICK_BUCKETS) if seconds <= le), len(TICK_BUCKETS))
+    bucket = bucket_of(seconds, TICK_BUCKETS)
     key = _dispatch_key()
     try:
         pipe = gantry_redis.client().pipeline(transaction=False)
@@ -235,10 +247,7 @@ class DispatchCollector(Collector):
         duration = HistogramMetricFamily(
             "gantry_dispatch_tick_duration_seconds", "Duration of one backend dispatcher tick."
         )
-        cumulative, buckets = 0.0, []
-        for i, le in enumerate((*TICK_BUCKETS, math.inf)):
-            cumulative += float(values.get(f"bucket|{i}", 0))
-            buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+        buckets = cumulative_buckets(values, "bucket|", TICK_BUCKETS)
         duration.add_metric([], buckets, sum_value=float(values.get("seconds", 0)))
         return [claims, saturated, oldest, launches, duration]
 
@@ -321,7 +330,7 @@ def record_runs(runs: Iterable[tuple[int, Mapping[str, float], str | None]]) -> 
     for organization_id, timings, finished in runs:
         for name, seconds in timings.items():
             seconds = max(0.0, seconds)
-            bucket = next((i for i, le in enumerate(RUN_BUCKETS) if seconds <= le), len(RUN_BUCKETS))
+            bucket = bucket_of(seconds, RUN_BUCKETS)
             counts[f"bucket|{name}|{organization_id}|{bucket}"] += 1
             sums[f"sum|{name}|{organization_id}"] += seconds
         if finished is not None:
@@ -371,7 +380,7 @@ def _add_by_group(name: str, labels: str, seconds: float) -> None:
     ``|``-joined) into the buffer; the caller holds ``_buffer_lock``. Its collector: :meth:`RunCollector._by_group`."""
     seconds = max(0.0, seconds)
     buckets = BY_GROUP[name][2]
-    bucket = next((i for i, le in enumerate(buckets) if seconds <= le), len(buckets))
+    bucket = bucket_of(seconds, buckets)
     counts, sums = _buffer.setdefault(_runs_key(), (Counter(), defaultdict(float)))
     counts[f"{name}|{labels}|{bucket}"] += 1
     sums[f"{name}sum|{labels}"] += seconds
@@ -543,10 +552,7 @@ class RunCollector(Collector):
         for name, doc in RUN_TIMINGS.items():
             hist = HistogramMetricFamily(f"gantry_run_{name}_seconds", doc, labels=["org"])
             for org_id, slug in slugs.items():
-                cumulative, buckets = 0.0, []
-                for i, le in enumerate((*RUN_BUCKETS, math.inf)):
-                    cumulative += float(values.get(f"bucket|{name}|{org_id}|{i}", 0))
-                    buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+                buckets = cumulative_buckets(values, f"bucket|{name}|{org_id}|", RUN_BUCKETS)
                 hist.add_metric([slug], buckets, sum_value=float(values.get(f"sum|{name}|{org_id}", 0)))
             families.append(hist)
         families.extend(self._by_group(name, values) for name in BY_GROUP)
@@ -565,10 +571,7 @@ class RunCollector(Collector):
             if group_id not in names:
                 continue  # a group deleted since (tests' databases come and go): nothing to name it by
             slug, group_name = names[group_id]
-            cumulative, buckets = 0.0, []
-            for i, le in enumerate((*bounds, math.inf)):
-                cumulative += float(values.get(f"{name}|{labels}|{i}", 0))
-                buckets.append(("+Inf" if le == math.inf else str(le), cumulative))
+            buckets = cumulative_buckets(values, f"{name}|{labels}|", bounds)
             hist.add_metric([slug, group_name, *rest], buckets, sum_value=float(values.get(f"{prefix}{labels}", 0)))
         return hist
 

@@ -368,7 +368,8 @@ class RunTimingsSerializer(serializers.Serializer):
         allow_null=True, help_text="First pending (its turn on the stack's lane) to first claimed by a runner group."
     )
     start_seconds = serializers.FloatField(
-        allow_null=True, help_text="The claim its runner accepted to that accept: the runner's start-up."
+        allow_null=True,
+        help_text="First claimed to accepted: its runner's start-up (and a lease that lapsed on the way).",
     )
     first_output_seconds = serializers.FloatField(
         allow_null=True, help_text="Accept to the run's first output reaching Gantry."
