@@ -22,8 +22,8 @@ from gantry import conf
 from gantry.api.auth import IsRunner, IsRunnerGroup, RunnerPrincipal
 from gantry.api.common import error_responses, group_of, runner_errors, runner_of, validated
 from gantry.api.serializers import SpecSerializer, int_in, plain_str, str_dict
-from gantry.core import services
-from gantry.core.errors import BackendDispatchedGroup, InvalidRequest, NotFound
+from gantry.core import params, services
+from gantry.core.errors import BackendDispatchedGroup, NotFound
 from gantry.core.models import GroupKind, RunStatus
 from gantry.dispatch import claim as dispatch
 from gantry.dispatch import coordinators, oidc
@@ -86,13 +86,7 @@ def counted_claims(group: Any) -> Any:
 
 def poll_wait(raw: str) -> float:
     """The poll's ``wait`` parameter in seconds; out of range or not a number: 400."""
-    try:
-        wait = float(raw)
-    except ValueError:
-        raise InvalidRequest("wait must be a number of seconds from 0 to 30") from None
-    if not 0 <= wait <= min(30, conf.get().poll_max_wait):
-        raise InvalidRequest(f"wait must be from 0 to {min(30, conf.get().poll_max_wait)} seconds")
-    return wait
+    return params.wait_seconds(raw, maximum=min(30, conf.get().poll_max_wait))
 
 
 class PollView(APIView):

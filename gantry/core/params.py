@@ -28,3 +28,14 @@ def whole_number(raw: str | None, *, name: str, minimum: int = 0, maximum: int =
     if not minimum <= value <= maximum:
         raise InvalidRequest(f"{name} must be a whole number from {minimum} to {maximum}", field=name)
     return value
+
+
+def wait_seconds(raw: str, *, maximum: float, name: str = "wait") -> float:
+    """A long poll's ``wait``: a number of seconds from 0 to ``maximum`` (fractions allowed); 400 otherwise."""
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be a number of seconds from 0 to {maximum:g}", field=name) from None
+    if not 0 <= wait <= maximum:  # NaN fails this too
+        raise InvalidRequest(f"{name} must be from 0 to {maximum:g} seconds", field=name)
+    return wait

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from gantry.api.auth import IsRunner
 from gantry.api.common import ErrorSerializer, UserView, runner_errors, runner_of, scoped, user_errors, validated
 from gantry.api.serializers import int_in
+from gantry.core import params
 from gantry.core.errors import InvalidRequest, UploadUrlInvalid
 from gantry.core.models import Run
 from gantry.logs import live, services
@@ -221,13 +222,7 @@ class LogPageSerializer(serializers.Serializer):
 
 def log_wait(raw: str) -> float:
     """The log read's ``wait`` in seconds; not a number from 0 to WAIT_MAX: 400."""
-    try:
-        wait = float(raw)
-    except ValueError:
-        raise InvalidRequest(f"wait must be a number of seconds from 0 to {live.WAIT_MAX}") from None
-    if not 0 <= wait <= live.WAIT_MAX:  # NaN fails this too
-        raise InvalidRequest(f"wait must be from 0 to {live.WAIT_MAX} seconds")
-    return wait
+    return params.wait_seconds(raw, maximum=live.WAIT_MAX)
 
 
 class RunLogView(UserView):
