@@ -7,7 +7,9 @@ tell, or None.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 # Index of each field of /proc/<pid>/stat after the command name (field 3 onwards).
@@ -70,3 +72,30 @@ def members(field: int, value: int) -> list[int]:
 
 def has_proc() -> bool:
     return Path("/proc/self/stat").exists()
+
+
+def kill_session(sid: int, *, leader_is_zombie: bool) -> int:
+    """SIGKILL every process left in session ``sid`` (a dead runner's steps); answer how many.
+
+    A session id is its leader's pid. While any process remains in the session
+    the kernel keeps that pid reserved, so members found here are truly the
+    runner's. If a process *with* that pid is running (and it is not our
+    unreaped worker), the pid was reused after the session emptied: nothing
+    here is ours, leave it alone.
+    """
+    if not leader_is_zombie:
+        try:
+            os.kill(sid, 0)
+            return 0
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return 0
+    killed = 0
+    for pid in members(SESSION, sid):
+        if pid == sid:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+    return killed

@@ -179,3 +179,7 @@ class Launcher(ABC):
     def warm_last_lines(self, warm: WarmWorker, limit: int = 20) -> list[str]:
         """The tail of a warm runner's own output (why it died), read before :meth:`stop_warm`; empty if unknown."""
         return []
+
+    def close_warm(self) -> None:  # noqa: B027 - a hook: most launchers hold nothing for their warm runners
+        """No more warm runners will be started (shutdown): release what starting them needed. Busy workers
+        are not touched."""

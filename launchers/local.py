@@ -54,6 +54,7 @@ from gantry_wire.logsetup import event
 from gantry_wire.protocol import RUNNER_INHERITED_ENV
 from launchers import register
 from launchers.base import Assignment, Launcher, LaunchError, UnseenExit, WarmWorker, WorkerHandle
+from launchers.zygote import ForkedChild, Zygote
 
 log = logging.getLogger("gantry.launcher.local")
 
@@ -62,6 +63,8 @@ CODE_ROOT = Path(__file__).resolve().parent.parent
 MODULE = "runners.ephemeral"
 # A warm runner that exits when its stdin closes should be gone within this; else it is killed.
 WARM_STOP_WAIT = 2.0
+# A worker this launcher started: a child process, or a warm runner its zygote forked.
+Child = subprocess.Popen[bytes] | ForkedChild
 
 
 @register("local")
@@ -76,6 +79,7 @@ class LocalLauncher(Launcher):
         work_dir: Path | None = None,
         pass_env: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
+        warm_fork: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.python = python or sys.executable
@@ -84,24 +88,34 @@ class LocalLauncher(Launcher):
         self.work_dir = Path(work_dir) if work_dir else self.state_dir / "work"
         self.pass_env = tuple(pass_env)
         self.extra_env = dict(extra_env or {})
+        # Warm runners forked from a zygote (runners.zygote) rather than each a fresh interpreter.
+        self.warm_fork = warm_fork
+        self._zygote: Zygote | None = None
+        self._zygote_lock = threading.Lock()
         for folder in (self.state_dir, self.workers_dir, self.logs_dir, self.work_dir):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Workers this process started: their Popen objects give exact exit codes and reap zombies.
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._children: dict[str, Child] = {}
         # Workers discover() found ended, until the coordinator takes them.
         self._unseen: list[UnseenExit] = []
         # Warm runners waiting for a claim, by warm id: their stdin is the pipe the claim goes down.
-        self._warm: dict[str, subprocess.Popen[bytes]] = {}
+        self._warm: dict[str, Child] = {}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, state_dir: Path) -> Launcher:
-        """Options: ``python`` (the interpreter runners start with), ``work_dir``, ``pass_env`` (NAME,NAME)."""
-        unknown = set(options) - {"python", "work_dir", "pass_env"}
+        """Options: ``python`` (the interpreter runners start with), ``work_dir``, ``pass_env`` (NAME,NAME),
+        ``warm_fork`` (true, the default: warm runners are forked from a zygote; false: each is a fresh
+        interpreter)."""
+        unknown = set(options) - {"python", "work_dir", "pass_env", "warm_fork"}
         if unknown:
             raise ValueError(f"unknown local launcher options: {', '.join(sorted(unknown))}")
         pass_env = [name for name in options.get("pass_env", "").split(",") if name]
         work_dir = Path(options["work_dir"]) if options.get("work_dir") else None
-        return cls(state_dir, python=options.get("python"), work_dir=work_dir, pass_env=pass_env)
+        fork = options.get("warm_fork", "true").strip().lower()
+        if fork not in ("true", "false"):
+            raise ValueError(f"local launcher option warm_fork: true or false, not {options['warm_fork']!r}")
+        return cls(state_dir, python=options.get("python"), work_dir=work_dir, pass_env=pass_env,
+                   warm_fork=fork == "true")  # fmt: skip
 
     # ------------------------------------------------------------ paths
 
@@ -173,7 +187,7 @@ class LocalLauncher(Launcher):
         self._watch(proc.pid)
         return handle
 
-    def _handle(self, assignment: Assignment, proc: subprocess.Popen[bytes], *, marker: str) -> WorkerHandle:
+    def _handle(self, assignment: Assignment, proc: Child, *, marker: str) -> WorkerHandle:
         return WorkerHandle(
             kind=self.kind,
             run_id=assignment.run_id,
@@ -193,6 +207,13 @@ class LocalLauncher(Launcher):
     def start_warm(self) -> WarmWorker:
         warm_id = f"warm-{uuid.uuid4().hex[:12]}"
         log_path = self.logs_dir / f"{warm_id}.log"
+        if self.warm_fork:
+            zygote = self._zygote_running()
+            child = zygote.fork(warm_id, log_path)
+            self._warm[warm_id] = child
+            # Its command line is the zygote's: the zygote's name is the marker that tells it apart.
+            return WarmWorker(kind=self.kind, ident=warm_id, started_at=time.time(),
+                              meta={"pid": child.pid, "log": str(log_path), "marker": zygote.name})  # fmt: skip
         # The warm id on the command line is its marker, as the run id is a cold runner's.
         argv = [self.python, "-m", MODULE, "--warm", warm_id, "--launcher", "local"]
         proc = self._start(argv, self._base_env(), log_path, stdin=subprocess.PIPE)
@@ -206,7 +227,7 @@ class LocalLauncher(Launcher):
         if proc is None or not _child_alive(proc):
             raise LaunchError(f"warm runner {warm.ident} has exited")
         self._exit_file(assignment.run_id).unlink(missing_ok=True)
-        handle = self._handle(assignment, proc, marker=warm.ident)
+        handle = self._handle(assignment, proc, marker=warm.meta.get("marker") or warm.ident)
         # The record before the claim: a coordinator killed between the two
         # still leaves a record its successor re-attaches to.
         self._write_record(handle)
@@ -249,6 +270,27 @@ class LocalLauncher(Launcher):
     def warm_last_lines(self, warm: WarmWorker, limit: int = 20) -> list[str]:
         """The tail of a warm runner's own output (why it died, read before :meth:`stop_warm` deletes it)."""
         return _tail(Path(warm.meta["log"]), limit)
+
+    def close_warm(self) -> None:
+        with self._zygote_lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.stop()
+
+    def _zygote_running(self) -> Zygote:
+        """The zygote, started (again) when there is none or it has ended."""
+        with self._zygote_lock:
+            if self._zygote is not None and not self._zygote.alive():
+                self._zygote.stop()
+                self._zygote = None
+            if self._zygote is None:
+                argv = [self.python, "-m", MODULE, "--launcher", "local"]
+                self._zygote = Zygote(argv, cwd=CODE_ROOT, env=self._base_env(), logs_dir=self.logs_dir,
+                                      on_exit=self.notify_exit)  # fmt: skip
+                event(log, "warm.zygote_started", "started the warm runners' zygote %s (pid %d)",
+                      self._zygote.name, self._zygote.proc.pid, zygote=self._zygote.name,
+                      pid=self._zygote.proc.pid)  # fmt: skip
+            return self._zygote
 
     def _watch(self, pid: int) -> None:
         """Tell the coordinator the moment this child exits, so it is reaped (and reported) at once.
@@ -354,7 +396,9 @@ class LocalLauncher(Launcher):
         proc = self._children.pop(handle.run_id, None)
         # Before the runner is reaped (while a zombie still holds its pid), kill
         # what it left in its session: the steps of a runner that was killed.
-        swept = _kill_session(pid, leader_is_zombie=proc is not None and proc.returncode is None)
+        # A forked warm runner's zombie is its zygote's, which sweeps the session before it reaps.
+        unreaped = isinstance(proc, subprocess.Popen) and proc.returncode is None
+        swept = procfs.kill_session(pid, leader_is_zombie=unreaped)
         if swept:
             event(log, "worker.swept", "killed %d leftover process(es) of the worker for run %s", swept,
                   handle.run_id, run_id=handle.run_id, pid=pid)  # fmt: skip
@@ -386,8 +430,10 @@ def _tail(path: Path, limit: int) -> list[str]:
     return data.decode(errors="replace").splitlines()[-limit:]
 
 
-def _child_alive(proc: subprocess.Popen[bytes]) -> bool:
+def _child_alive(proc: Child) -> bool:
     """Whether a child of ours still runs, looked at without reaping it."""
+    if isinstance(proc, ForkedChild):
+        return proc.alive()
     if proc.returncode is not None:
         return False
     try:
@@ -416,30 +462,3 @@ def _is_our_process(pid: int, start_ticks: Any, marker: str) -> bool:
         return False  # the pid was reused
     argv = procfs.cmdline(pid)
     return MODULE.encode() in argv and marker.encode() in argv
-
-
-def _kill_session(sid: int, *, leader_is_zombie: bool) -> int:
-    """SIGKILL every process left in session ``sid`` (a dead runner's steps); answer how many.
-
-    A session id is its leader's pid. While any process remains in the session
-    the kernel keeps that pid reserved, so members found here are truly the
-    runner's. If a process *with* that pid is running (and it is not our
-    unreaped worker), the pid was reused after the session emptied: nothing
-    here is ours, leave it alone.
-    """
-    if not leader_is_zombie:
-        try:
-            os.kill(sid, 0)
-            return 0
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            return 0
-    killed = 0
-    for pid in procfs.members(procfs.SESSION, sid):
-        if pid == sid:
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-    return killed

@@ -196,6 +196,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="warm mode (a coordinator's --warm): import, then wait for the run's GANTRY_* variables as one JSON "
         "line on stdin, then run it; end-of-file exits 0. NAME marks the process (runners.warm)",
     )
+    parser.add_argument(
+        "--zygote",
+        metavar="NAME",
+        help="the local launcher's fork server: import once, then fork warm runners on request over stdin (a "
+        "Unix socket); runs nothing itself. NAME marks the process (runners.zygote)",
+    )
     parser.add_argument("--log-level", default=env.get("GANTRY_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     check_range(parser, args.grace, "--grace (GANTRY_STOP_GRACE)", 0, None)
@@ -576,6 +582,11 @@ def _exchange(cfg: Config) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if any(arg.partition("=")[0] == "--zygote" for arg in args):
+        # The local launcher's fork server (runners.zygote): it forks warm runners, it runs nothing itself.
+        from runners import warm, zygote
+
+        return zygote.serve(warm.split_warm(args, "--zygote")[0])
     if any(arg.partition("=")[0] == "--warm" for arg in args):
         # Warm (imported only then: a cold start pays nothing for it): wait here, imports
         # done, for the claim a cold runner finds in its environment (runners.warm).

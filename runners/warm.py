@@ -66,15 +66,16 @@ EXIT_BAD_CLAIM = 4
 # ---------------------------------------------------------------- the runner's half
 
 
-def split_warm(argv: Sequence[str]) -> tuple[list[str], str | None]:
-    """``argv`` without ``--warm NAME`` (or ``--warm=NAME``), and NAME; None when not in warm mode."""
+def split_warm(argv: Sequence[str], flag: str = "--warm") -> tuple[list[str], str | None]:
+    """``argv`` without ``--warm NAME`` (or ``--warm=NAME``; ``flag`` names another such option), and NAME;
+    None when the option is absent."""
     rest: list[str] = []
     name: str | None = None
     items = iter(argv)
     for item in items:
-        if item == "--warm":
+        if item == flag:
             name = next(items, "")
-        elif item.startswith("--warm="):
+        elif item.startswith(flag + "="):
             name = item.partition("=")[2]
         else:
             rest.append(item)
@@ -226,6 +227,11 @@ class WarmPool:
             except Exception:  # one that cannot be stopped must not keep the others running
                 log.exception("launcher error while stopping a warm runner",
                               extra={"event": "warm.stop_failed", "worker": warm.ident})  # fmt: skip
+        try:
+            self.launcher.close_warm()
+        except Exception:  # shutdown goes on: what it held exits with the coordinator
+            log.exception("launcher error while closing its warm runners' means",
+                          extra={"event": "warm.stop_failed", "worker": ""})  # fmt: skip
         return len(idle)
 
     def _forget(self, warm: WarmWorker, why: str) -> None:

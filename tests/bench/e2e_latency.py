@@ -16,9 +16,10 @@ Two scenarios, each with a fresh coordinator:
 - *burst*: ``--burst`` deployments POSTed at once (one stack each: a stack runs one deployment at a time), the
   coordinator at ``--max-parallel``; the drain rate is runs / (last finished - first POST).
 
-With ``--warm N`` (N > 0) both scenarios run twice in the same invocation: "cold" (no flag) and "warm" (the
-coordinator started with ``--warm N``, which keeps N runners started and waiting). A coordinator that does not know
-the flag exits at once; the warm rows then say so.
+With ``--warm N`` (N > 0) both scenarios run three times in the same invocation: "cold" (no flag), "warm" (the
+coordinator started with ``--warm N``, which keeps N runners started and waiting, forked from the local launcher's
+zygote) and "warm fresh" (the same with ``--launcher-option warm_fork=false``: each warm runner a fresh
+interpreter). A coordinator that does not know the flag or the option exits at once; those rows then say so.
 
 For each run, measured from the client's clock just before its deployment POST:
 
@@ -30,7 +31,10 @@ For each run, measured from the client's clock just before its deployment POST:
   load the two cores it measures);
 - *succeeded*: the run's ``finished_at``.
 
-Printed: p50 and p90 of each (ms) per mode and scenario, and the burst's drain rate. A measurement, not a test:
+Printed: p50 and p90 of each (ms) per mode and scenario, and for the burst its drain rate and the machine's CPU
+per run while it drained (busy CPU time in /proc/stat over the burst, every process on the host, the bench's
+client included, divided by the runs: on a machine the burst saturates, the drain rate is the cores divided by
+it). A measurement, not a test:
 it exits 0 unless a run did not succeed. Reading and figures: docs/performance.md ("End-to-end latency").
 """
 
@@ -209,7 +213,17 @@ def sequential(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool
     return out
 
 
-def burst(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool) -> tuple[list[Timed], float]:
+def busy_seconds() -> float:
+    """CPU time the whole machine has spent busy since boot (every core; /proc/stat's first line)."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def burst(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool) -> tuple[list[Timed], float, float]:
+    """The burst's runs, its drain rate (runs/s) and the machine's CPU seconds per run while it drained."""
+    cpu_before = busy_seconds()
     api = Api(port, g.user_token)
     give_up = time.monotonic() + RUN_DEADLINE * 2
     runs: list[Timed] = []
@@ -229,20 +243,21 @@ def burst(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool) -> 
         for th in threads:
             th.join()
     else:
-        reader = Api(port, g.user_token)
+        poller = Api(port, g.user_token)
         left = list(runs)
         while left and time.monotonic() < give_up:
             for t in list(left):
-                code, page = reader.call("GET", f"/api/v1/runs/{t.run_id}/logs?offset=0")
+                code, page = poller.call("GET", f"/api/v1/runs/{t.run_id}/logs?offset=0")
                 if code == 200 and (marker in page["text"] or page["final"]):
                     if marker in page["text"]:
                         t.output = time.time() - t.posted
                     left.remove(t)
     for t in runs:
         finish(api, t)
+    cpu = (busy_seconds() - cpu_before) / max(1, len(runs))
     ends = [t.posted + t.succeeded for t in runs if t.succeeded is not None]
     drain = len(ends) / (max(ends) - runs[0].posted) if ends else 0.0
-    return runs, drain
+    return runs, drain, cpu
 
 
 def _scratch(prefix: str) -> Path:
@@ -257,6 +272,7 @@ class Coordinator:
     token: str
     max_parallel: int
     warm: int = 0
+    extra: tuple[str, ...] = ()
     tmp: Path = field(default_factory=lambda: _scratch("gantry-e2e-"))
 
     def start(self) -> bool:
@@ -269,6 +285,7 @@ class Coordinator:
         ]  # fmt: skip
         if self.warm:
             cmd += ["--warm", str(self.warm)]
+        cmd += self.extra
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GANTRY_", "DJANGO_", "DATABASE_", "REDIS_"))}
         self.log = (self.tmp / "coordinator.log").open("wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -296,19 +313,20 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def row(label: str, runs: list[Timed], drain: float | None) -> str:
-    cells = [f"{label:<18}", f"{len(runs):>4}"]
+def row(label: str, runs: list[Timed], drain: float | None, cpu: float | None) -> str:
+    cells = [f"{label:<24}", f"{len(runs):>4}"]
     for name in ("running", "output", "succeeded"):
         values = [getattr(t, name) * 1000 for t in runs if getattr(t, name) is not None]
         p50, p90 = pct(values, 0.5), pct(values, 0.9)
         cells.append(f"{'-' if p50 is None else f'{p50:.0f}':>7} {'-' if p90 is None else f'{p90:.0f}':>7}")
     cells.append(f"{'' if drain is None else f'{drain:.1f}':>8}")
+    cells.append(f"{'' if cpu is None else f'{cpu * 1000:.0f}':>7}")
     return " | ".join(cells)
 
 
 HEADER = (
-    f"{'mode / scenario':<18} | {'runs':>4} | {'running p50':>7}/p90 | {'output p50':>6}/p90 | "
-    f"{'done p50':>7}/p90 | {'runs/s':>8}"
+    f"{'mode / scenario':<24} | {'runs':>4} | {'running p50':>7}/p90 | {'output p50':>6}/p90 | "
+    f"{'done p50':>7}/p90 | {'runs/s':>8} | {'CPU/run':>7}"
 )
 
 
@@ -319,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30, help="sequential runs (default 30)")
     parser.add_argument("--burst", type=int, default=30, help="runs queued at once (default 30; 0 skips)")
     parser.add_argument("--max-parallel", type=int, default=8, help="the coordinator's --max-parallel (default 8)")
-    parser.add_argument("--warm", type=int, default=0, help="also run warm: the coordinator with --warm N")
+    parser.add_argument("--warm", type=int, default=0,
+                        help="also run warm: the coordinator with --warm N, forked and fresh")  # fmt: skip
     parser.add_argument("--mode", choices=sorted(SERVER_MODES), default="asgi")
     parser.add_argument("--step", default="echo hi", help="the step each run runs (default: echo hi)")
     parser.add_argument("--marker", default="hi", help="the output the reader waits for (default: hi)")
@@ -335,23 +354,27 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)  # fmt: skip
     lines, failed = [], 0
     try:
-        for warm in [0, args.warm] if args.warm > 0 else [0]:
-            mode = f"warm {warm}" if warm else "cold"
+        modes: list[tuple[str, int, tuple[str, ...]]] = [("cold", 0, ())]
+        if args.warm > 0:
+            modes += [(f"warm {args.warm}", args.warm, ()),
+                      (f"warm {args.warm} fresh", args.warm, ("--launcher-option", "warm_fork=false"))]  # fmt: skip
+        for mode, warm, extra in modes:
             for scenario in ("sequential", "burst"):
                 n = args.runs if scenario == "sequential" else args.burst
                 if n <= 0:
                     continue
                 stacks = make_stacks(g, n, args.step)
-                coordinator = Coordinator(server.port, g.group_token, args.max_parallel, warm)
+                coordinator = Coordinator(server.port, g.group_token, args.max_parallel, warm, extra)
                 if not coordinator.start():
-                    lines.append(f"{mode + ' ' + scenario:<18} | coordinator refused: {coordinator.tail().strip()}")
+                    lines.append(f"{mode + ' ' + scenario:<24} | coordinator refused: {coordinator.tail().strip()}")
                     coordinator.stop()
                     continue
                 try:
+                    drain = cpu = None
                     if scenario == "sequential":
-                        runs, drain = sequential(server.port, g, stacks, args.marker, waits), None
+                        runs = sequential(server.port, g, stacks, args.marker, waits)
                     else:
-                        runs, drain = burst(server.port, g, stacks, args.marker, waits)
+                        runs, drain, cpu = burst(server.port, g, stacks, args.marker, waits)
                 finally:
                     coordinator.stop()
                     shutil.rmtree(coordinator.tmp, ignore_errors=True)
@@ -359,13 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 failed += len(bad)
                 if bad:
                     print(f"{len(bad)} {scenario} runs did not succeed: {[t.status for t in bad][:5]}", flush=True)
-                lines.append(row(f"{mode} {scenario}", runs, drain))
+                lines.append(row(f"{mode} {scenario}", runs, drain, cpu))
                 print(lines[-1], flush=True)
     finally:
         server.stop()
         shutil.rmtree(logs, ignore_errors=True)
     print()
-    print("ms from the deployment POST (p50 p90); runs/s: the burst's drain rate")
+    print("ms from the deployment POST (p50 p90); runs/s: the burst's drain rate; CPU/run: the machine's, ms")
     print(HEADER)
     for line in lines:
         print(line)

@@ -1,5 +1,8 @@
 """Warm runners (``--warm N``), end to end: a real ``python -m runners.coordinator`` with the local launcher
-against ``live_server``, its warm runners real ``python -m runners.ephemeral --warm`` processes.
+against ``live_server``, its warm runners real processes: forked by the launcher's zygote (``python -m
+runners.ephemeral --zygote``, the default) or, with ``--launcher-option warm_fork=false``, each a fresh
+``python -m runners.ephemeral --warm`` interpreter. The tests that concern how a warm runner is held run
+with both.
 
 What is observed: the coordinator's JSON log (``warm.started`` names each warm
 runner's pid, ``worker.launched`` says whether a claim went to a warm one),
@@ -91,9 +94,11 @@ def coordinators(site: Site) -> Iterator[list[Coordinator]]:
                 os.kill(pid, signal.SIGKILL)
 
 
-def start(site: Site, started: list[Coordinator], *, warm_n: int, max_parallel: int = 2) -> Coordinator:
+def start(site: Site, started: list[Coordinator], *, warm_n: int, max_parallel: int = 2, fork: bool = True,
+          state_dir: Path | None = None) -> Coordinator:  # fmt: skip
     folder = site.tmp / f"coordinator-{len(started)}"
     folder.mkdir()
+    state = state_dir or folder / "state"
     log = folder / "coordinator.log"
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -104,11 +109,13 @@ def start(site: Site, started: list[Coordinator], *, warm_n: int, max_parallel: 
         "GANTRY_WARM": str(warm_n),  # the variable, as a deployment sets it
     }
     argv = [sys.executable, "-m", "runners.coordinator", "--server", site.url, "--launcher", "local",
-            "--state-dir", str(folder / "state"), "--max-parallel", str(max_parallel), "--wait", "5",
+            "--state-dir", str(state), "--max-parallel", str(max_parallel), "--wait", "5",
             "--reconcile-interval", "1", "--health-addr", "127.0.0.1:0"]  # fmt: skip
+    if not fork:
+        argv += ["--launcher-option", "warm_fork=false"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-    coordinator = Coordinator(proc, log, folder / "state")
+    coordinator = Coordinator(proc, log, state)
     started.append(coordinator)
     wait_until(lambda: len(coordinator.started_warm()) >= warm_n or proc.poll() is not None, 30, "warm runners")
     assert proc.poll() is None, log.read_text()
@@ -119,14 +126,28 @@ def status(run: Run) -> str:
     return str(Run.objects.values_list("status", flat=True).get(id=run.id))
 
 
+HOW = pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])
+
+
+@HOW
 def test_a_warm_runner_holds_nothing_then_takes_a_claim_and_the_run_succeeds(
-    site: Site, coordinators: list[Coordinator]
+    site: Site, coordinators: list[Coordinator], fork: bool
 ) -> None:
-    coordinator = start(site, coordinators, warm_n=1)
+    coordinator = start(site, coordinators, warm_n=1, fork=fork)
     [pid] = coordinator.started_warm()
     waiting = environ(pid)
     assert not {"GANTRY_RUNNER_TOKEN", "GANTRY_GROUP_TOKEN", "GANTRY_RUN_ID", "GANTRY_RUNNER_ID"} & waiting.keys()
-    assert b"--warm" in procfs.cmdline(pid)
+    # A session of its own either way, as a cold runner's: its steps' processes are its session.
+    assert os.getsid(pid) == pid
+    if fork:
+        [zygote] = coordinator.events("warm.zygote_started")
+        assert int(procfs.stat_fields(pid)[procfs.PPID]) == zygote["pid"]
+        assert procfs.cmdline(pid) == procfs.cmdline(zygote["pid"])  # a fork: the zygote's command line
+        assert b"--zygote" in procfs.cmdline(pid)
+        assert zygote["zygote"].encode() in procfs.cmdline(pid)
+    else:
+        assert b"--warm" in procfs.cmdline(pid)
+        assert coordinator.events("warm.zygote_started") == []
     # An idle warm runner is not a worker: nothing of it is recorded, nothing to re-attach.
     assert list((coordinator.state_dir / "workers").glob("*.json")) == []
 
@@ -145,10 +166,11 @@ def test_a_warm_runner_holds_nothing_then_takes_a_claim_and_the_run_succeeds(
     assert coordinator.started_warm()[1] != pid
 
 
+@HOW
 def test_a_warm_runner_killed_while_waiting_is_replaced_and_no_run_is_touched(
-    site: Site, coordinators: list[Coordinator]
+    site: Site, coordinators: list[Coordinator], fork: bool
 ) -> None:
-    coordinator = start(site, coordinators, warm_n=1)
+    coordinator = start(site, coordinators, warm_n=1, fork=fork)
     # A run in flight on a busy worker (the first warm runner): the kill below must not reach it.
     busy_run = site.deploy({"steps": [{"name": "busy", "run": "echo busy; sleep 3"}]})
     wait_until(lambda: status(busy_run) == RunStatus.RUNNING, 60, "the busy run to start")
@@ -173,10 +195,11 @@ def test_a_warm_runner_killed_while_waiting_is_replaced_and_no_run_is_touched(
     assert (launched[str(run.id)]["warm"], launched[str(run.id)]["worker"]) == (True, str(replacement))
 
 
+@HOW
 def test_shutdown_stops_the_warm_runners_and_leaves_busy_workers_running(
-    site: Site, coordinators: list[Coordinator]
+    site: Site, coordinators: list[Coordinator], fork: bool
 ) -> None:
-    coordinator = start(site, coordinators, warm_n=2, max_parallel=3)
+    coordinator = start(site, coordinators, warm_n=2, max_parallel=3, fork=fork)
     run = site.deploy({"steps": [{"name": "busy", "run": "sleep 3; echo done"}]})
     wait_until(lambda: status(run) == RunStatus.RUNNING, 60, "the run to start")
     wait_until(lambda: len(coordinator.started_warm()) == 3, 30, "the used warm runner's replacement")
@@ -189,6 +212,8 @@ def test_shutdown_stops_the_warm_runners_and_leaves_busy_workers_running(
 
     assert [e["count"] for e in coordinator.events("warm.stopped")] == [2]
     assert not any(alive(pid) for pid in idle)
+    # The zygote (if any) went with the coordinator; the busy worker it forked did not.
+    assert not any(alive(e["pid"]) for e in coordinator.events("warm.zygote_started"))
     assert alive(busy) or status(run) == RunStatus.SUCCEEDED  # the busy worker was left to finish its run
     wait_until(lambda: status(run) == RunStatus.SUCCEEDED, 60, "the busy worker's run to succeed")
 
@@ -211,6 +236,82 @@ def test_the_warm_count_stays_n_while_runs_flow(site: Site, coordinators: list[C
     wait_until(lambda: coordinator.metric("gantry_coordinator_workers_warm") == 2, 30, "two warm runners again")
     assert len(coordinator.started_warm()) == 2 + sum(e["warm"] for e in launched)
     assert sum(alive(pid) for pid in coordinator.started_warm()) == 2
+
+
+# ---------------------------------------------------------------- the zygote (forked warm runners)
+
+
+def test_what_a_forked_runners_step_left_in_its_session_is_killed_when_the_runner_ends(
+    site: Site, coordinators: list[Coordinator]
+) -> None:
+    coordinator = start(site, coordinators, warm_n=1)
+    # Job control puts the background job in a process group of its own: the runner's stop of the step's
+    # group misses it, and only the sweep of the runner's session (by its zygote, the parent) reaches it.
+    pid_file = site.tmp / "leftover.pid"
+    run = site.deploy({"steps": [{"name": "leave", "run": f"set -m; sleep 300 & echo $! > {pid_file}; echo left"}]})
+    wait_until(lambda: status(run) == RunStatus.SUCCEEDED, 60, "the run to succeed")
+    [launched] = coordinator.events("worker.launched")
+    assert launched["warm"] is True
+    leftover = int(pid_file.read_text())
+    wait_until(lambda: not alive(leftover), 30, "the leftover step process to be killed")
+    [exited] = coordinator.events("worker.exited")
+    assert (exited["run_id"], exited["exit_code"]) == (str(run.id), 0)
+
+
+def test_a_killed_zygote_is_replaced_and_the_runners_it_forked_go_on(
+    site: Site, coordinators: list[Coordinator]
+) -> None:
+    coordinator = start(site, coordinators, warm_n=2)
+    [first] = coordinator.events("warm.zygote_started")
+    idle = coordinator.started_warm()
+
+    os.kill(first["pid"], signal.SIGKILL)
+
+    wait_until(lambda: bool(coordinator.events("warm.zygote_exited")), 30, "the zygote's end noticed")
+    # Its children are sessions of their own: still waiting, still the pool's.
+    assert all(alive(pid) for pid in idle)
+    run = site.deploy({"steps": [{"name": "x", "run": "echo after the zygote"}]})
+    wait_until(lambda: status(run) == RunStatus.SUCCEEDED, 60, "the run to succeed")
+    [launched] = coordinator.events("worker.launched")
+    assert (launched["warm"], int(launched["worker"]) in idle) == (True, True)
+    # The used one's replacement came from a new zygote.
+    wait_until(lambda: len(coordinator.started_warm()) == 3, 30, "a replacement warm runner")
+    [_, second] = coordinator.events("warm.zygote_started")
+    assert second["zygote"] != first["zygote"]
+    assert int(procfs.stat_fields(coordinator.started_warm()[2])[procfs.PPID]) == second["pid"]
+    wait_until(lambda: bool(coordinator.events("worker.exited")), 30, "the worker's exit")
+    [exited] = coordinator.events("worker.exited")
+    # No zygote saw it end (its parent died): the code comes from the runner's exit file.
+    assert (exited["run_id"], exited["exit_code"]) == (str(run.id), 0)
+
+
+def test_a_coordinator_killed_while_a_forked_runner_is_busy_is_succeeded_by_one_that_reattaches(
+    site: Site, coordinators: list[Coordinator]
+) -> None:
+    first = start(site, coordinators, warm_n=2, max_parallel=2)
+    [zygote] = first.events("warm.zygote_started")
+    run = site.deploy({"steps": [{"name": "busy", "run": "sleep 3; echo still here"}]})
+    wait_until(lambda: status(run) == RunStatus.RUNNING, 60, "the run to start")
+    [launched] = first.events("worker.launched")
+    busy = int(launched["worker"])
+    idle = [pid for pid in first.started_warm() if pid != busy and alive(pid)]
+
+    first.proc.kill()
+    first.proc.wait(30)
+
+    # The zygote reads end-of-file and goes; so do the idle warm runners (their claim pipes were the
+    # coordinator's); the busy one runs on.
+    wait_until(lambda: not alive(zygote["pid"]), 30, "the zygote to exit")
+    wait_until(lambda: not any(alive(pid) for pid in idle), 30, "the idle warm runners to exit")
+    assert alive(busy)
+    second = start(site, coordinators, warm_n=1, max_parallel=2, state_dir=first.state_dir)
+    wait_until(lambda: bool(second.events("worker.reattached")), 30, "the re-attach")
+    [reattached] = second.events("worker.reattached")
+    assert (reattached["run_id"], reattached["worker"]) == (str(run.id), str(busy))
+    wait_until(lambda: status(run) == RunStatus.SUCCEEDED, 60, "the run to succeed")
+    wait_until(lambda: bool(second.events("worker.exited")), 30, "the worker's exit")
+    [exited] = second.events("worker.exited")
+    assert (exited["run_id"], exited["exit_code"]) == (str(run.id), 0)
 
 
 # ---------------------------------------------------------------- bad input
