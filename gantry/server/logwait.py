@@ -61,6 +61,10 @@ class Watcher:
         self._reader: asyncio.Task[None] | None = None
         self._parked: dict[str, set[asyncio.Event]] = {}
         self._confirmed: dict[str, asyncio.Future[None]] = {}
+        # Subscribes one at a time: redis-py's PubSub connects lazily in each command, so readers
+        # arriving together on a new pubsub would each open a connection of their own and all but
+        # the last would subscribe where no one reads (their confirmations, and pushes, never seen).
+        self._subscribing = asyncio.Lock()
 
     async def watch(self, run_id: uuid.UUID) -> asyncio.Event:
         """An event set when the run's live record changes, once Redis confirmed the subscription."""
@@ -71,9 +75,7 @@ class Watcher:
         try:
             if len(readers) == 1:
                 self._confirmed[name] = self.loop.create_future()
-                if self._pubsub is None:
-                    self._pubsub = self._redis.pubsub()
-                await asyncio.wait_for(self._pubsub.subscribe(name), CONFIRM_SECONDS)
+                await asyncio.wait_for(self._subscribe(name), CONFIRM_SECONDS)
                 if self._reader is None or self._reader.done():
                     self._reader = self.loop.create_task(self._read())
             await asyncio.wait_for(asyncio.shield(self._confirmed[name]), CONFIRM_SECONDS)
@@ -81,6 +83,12 @@ class Watcher:
             self.unwatch(run_id, changed)
             raise Unavailable(str(exc)) from exc
         return changed
+
+    async def _subscribe(self, name: str) -> None:
+        async with self._subscribing:
+            if self._pubsub is None:
+                self._pubsub = self._redis.pubsub()
+            await self._pubsub.subscribe(name)
 
     def unwatch(self, run_id: uuid.UUID, changed: asyncio.Event) -> None:
         name = live.channel(run_id)

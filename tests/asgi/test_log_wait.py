@@ -96,6 +96,42 @@ def test_wait_returns_early_on_a_push_and_at_its_deadline_otherwise(
     wait_until(lambda: server.metric("gantry_log_readers_parked") == 0, "the reader stayed counted")
 
 
+def test_readers_arriving_together_on_a_fresh_process_all_park_and_all_wake(
+    acme: Organization, owner: User, tmp_path: Path
+) -> None:
+    # A process of its own, so its subscriber connection is new: redis-py's pubsub connects lazily in each
+    # command, and readers subscribing at once used to open a connection each, where all but one
+    # subscribed unheard (they answered empty after the 1 s confirmation wait, and their client asked again).
+    import threading
+
+    n = 12
+    with asgi_server(tmp_path, GANTRY_LOG_DIR=str(tmp_path / "logs")) as fresh:
+        group = linux(acme)
+        for i in range(n):
+            deploy(make_stack(acme, f"s{i}", {"os": "linux"}))
+        runs = [accepted(fresh, group) for _ in range(n)]
+        token = user_token(owner)
+        together = threading.Barrier(n)
+        answers: dict[str, tuple[int, Any, float]] = {}
+
+        def follow(run_id: str) -> None:
+            together.wait(30)
+            answers[run_id] = read(fresh, run_id, token, "offset=0&wait=20")
+
+        readers = [threading.Thread(target=follow, args=(run_id,)) for run_id, _, _ in runs]
+        for reader in readers:
+            reader.start()
+        wait_until(lambda: fresh.metric("gantry_log_readers_parked") == n, "not every reader parked")
+        for run_id, _, tok in runs:
+            push(fresh, run_id, tok, f"line of {run_id}\n".encode())
+        for reader in readers:
+            reader.join(30)
+    for run_id, _, _ in runs:
+        status, page, took = answers[run_id]
+        assert (status, page["text"]) == (200, f"line of {run_id}\n")
+        assert took < 10  # woken by its push, not its deadline
+
+
 def test_a_final_run_and_bad_waits(server: Server, acme: Organization, owner: User) -> None:
     run = deploy(make_stack(acme, "web", {"os": "linux"}))
     token = user_token(owner)
