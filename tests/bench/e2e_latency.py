@@ -13,15 +13,18 @@ benchmark's (tests/bench/common.py; default database ``gantry_bench_e2e``, its G
 Two scenarios, each with a fresh coordinator:
 
 - *sequential*: ``--runs`` deployments one after another, each POSTed once the previous one has succeeded;
-- *burst*: ``--burst`` deployments POSTed at once (one stack each: a stack runs one deployment at a time), the
-  coordinator at ``--max-parallel``; the drain rate is runs / (last finished - first POST).
+- *burst*: ``--burst`` runs queued at once (one stack each: a stack runs one deployment at a time), the
+  coordinator at ``--max-parallel``: the group is drained, the deployments are POSTed (each with its reader),
+  and then the group is undrained, which releases the whole queue at one instant (its NOTIFY wakes the
+  coordinator's parked poll). The drain rate is runs / (last finished - release). POSTing is kept out of the
+  window: the bench's one client POSTs in turn, and timed from the first POST the rate would be the client's.
 
 With ``--warm N`` (N > 0) both scenarios run three times in the same invocation: "cold" (no flag), "warm" (the
 coordinator started with ``--warm N``, which keeps N runners started and waiting, forked from the local launcher's
 zygote) and "warm fresh" (the same with ``--launcher-option warm_fork=false``: each warm runner a fresh
 interpreter). A coordinator that does not know the flag or the option exits at once; those rows then say so.
 
-For each run, measured from the client's clock just before its deployment POST:
+For each run, measured from the client's clock just before its deployment POST (in a burst: from the release):
 
 - *running*: the run's ``started_at`` (the accept) as the run answer gives it, on the same host's clock;
 - *output*: when a following reader first sees the step's output in ``GET /api/v1/runs/{id}/logs``: a reader
@@ -32,9 +35,9 @@ For each run, measured from the client's clock just before its deployment POST:
 - *succeeded*: the run's ``finished_at``.
 
 Printed: p50 and p90 of each (ms) per mode and scenario, and for the burst its drain rate and the machine's CPU
-per run while it drained (busy CPU time in /proc/stat over the burst, every process on the host, the bench's
-client included, divided by the runs: on a machine the burst saturates, the drain rate is the cores divided by
-it). A measurement, not a test:
+per run while it drained (busy CPU time in /proc/stat from the release to the last run's end, every process on
+the host, the bench's client included, divided by the runs: on a machine the burst saturates, the drain rate is
+the cores divided by it). A measurement, not a test:
 it exits 0 unless a run did not succeed. Reading and figures: docs/performance.md ("End-to-end latency").
 """
 
@@ -78,6 +81,7 @@ class Gantry:
     org_id: int
     user_token: str
     group_token: str
+    group_id: int
 
 
 def setup() -> Gantry:
@@ -96,8 +100,25 @@ def setup() -> Gantry:
     Organization.objects.filter(id=org.id).update(runs_per_hour_limit=BENCH_RUNS_PER_HOUR)
     user = User.objects.create_user("bench-e2e", password=None)
     Membership.objects.create(user=user, organization=org, role=Role.ADMIN)
-    _group, group_token = services.runner_group_create(org=org, name="bench", labels={}, max_concurrent_runs=1000)
-    return Gantry(org.id, services.api_token_regenerate(user=user), group_token)
+    group, group_token = services.runner_group_create(org=org, name="bench", labels={}, max_concurrent_runs=1000)
+    return Gantry(org.id, services.api_token_regenerate(user=user), group_token, group.id)
+
+
+def set_drained(g: Gantry, drained: bool) -> None:
+    """Hold the group's queue (drained: its polls take nothing) or release it (undrained: parked polls wake)."""
+    from gantry.core import services
+    from gantry.core.models import RunnerGroup
+
+    services.runner_group_set_drained(group=RunnerGroup.objects.get(id=g.group_id), drained=drained)
+
+
+def wait_finished(runs: list[Timed], give_up: float) -> None:
+    """Until every run has ended (read in the bench's process: no server request in the measured window)."""
+    from gantry.core.models import Run
+
+    ids = [t.run_id for t in runs]
+    while Run.objects.filter(id__in=ids, finished_at__isnull=True).exists() and time.monotonic() < give_up:
+        time.sleep(0.02)
 
 
 def make_stacks(g: Gantry, n: int, step: str) -> list[int]:
@@ -223,11 +244,11 @@ def busy_seconds() -> float:
 
 def burst(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool) -> tuple[list[Timed], float, float]:
     """The burst's runs, its drain rate (runs/s) and the machine's CPU seconds per run while it drained."""
-    cpu_before = busy_seconds()
     api = Api(port, g.user_token)
     give_up = time.monotonic() + RUN_DEADLINE * 2
     runs: list[Timed] = []
     threads: list[threading.Thread] = []
+    set_drained(g, True)
     for stack_id in stacks:
         runs.append(post(api, stack_id))
         if waits:
@@ -239,6 +260,12 @@ def burst(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool) -> 
             )  # fmt: skip
             reader.start()
             threads.append(reader)
+    time.sleep(0.5)  # the readers' first reads answered and parked
+    release = time.time()
+    for t in runs:
+        t.posted = release  # every mark from the release: the runs were all queued at that instant
+    cpu_before = busy_seconds()
+    set_drained(g, False)
     if waits:
         for th in threads:
             th.join()
@@ -252,11 +279,12 @@ def burst(port: int, g: Gantry, stacks: list[int], marker: str, waits: bool) -> 
                     if marker in page["text"]:
                         t.output = time.time() - t.posted
                     left.remove(t)
+    wait_finished(runs, give_up)
+    cpu = (busy_seconds() - cpu_before) / max(1, len(runs))
     for t in runs:
         finish(api, t)
-    cpu = (busy_seconds() - cpu_before) / max(1, len(runs))
     ends = [t.posted + t.succeeded for t in runs if t.succeeded is not None]
-    drain = len(ends) / (max(ends) - runs[0].posted) if ends else 0.0
+    drain = len(ends) / (max(ends) - release) if ends else 0.0
     return runs, drain, cpu
 
 
@@ -388,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.stop()
         shutil.rmtree(logs, ignore_errors=True)
     print()
-    print("ms from the deployment POST (p50 p90); runs/s: the burst's drain rate; CPU/run: the machine's, ms")
+    print("ms from the deployment POST, in a burst from the queue's release (p50 p90); runs/s: the burst's drain")
+    print("rate; CPU/run: the machine's while the burst drained, ms")
     print(HEADER)
     for line in lines:
         print(line)
