@@ -40,7 +40,8 @@ up yet (waited for). Usage errors exit 2 with one line (docs/runners.md,
 Log lines are JSON with a stable ``event``: ``coordinator.started``,
 ``run.claimed``, ``worker.launched``, ``worker.reattached``, ``worker.exited``,
 ``worker.stopping``, ``warm.started``, ``warm.exited``, ``warm.start_failed``,
-``warm.stopped``, ``warm.zygote_started``, ``warm.zygote_exited``, ``launch.retry``, ``dispatch.failed``, ``poll.backoff``,
+``warm.stopped``, ``warm.zygote_started``, ``warm.zygote_exited``,
+``launch.retry``, ``dispatch.failed``, ``poll.backoff``,
 ``poll.unauthorized``, ``reconcile.backoff``, ``discover.failed``,
 ``coordinator.token_malformed``, ``coordinator.refused``, ``coordinator.stopped``.
 """
