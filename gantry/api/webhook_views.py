@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gantry.api.common import UserView, org_for, scoped, user_errors, user_of
 from gantry.core.errors import InvalidRequest
-from gantry.core.models import WEBHOOK_EVENTS, WebhookDelivery, WebhookEndpoint
+from gantry.core.models import WEBHOOK_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from gantry.webhooks import services
 
 
@@ -40,6 +40,17 @@ class WebhookSerializer(serializers.ModelSerializer):
 
 
 class WebhookDeliverySerializer(serializers.ModelSerializer):
+    # A finished row's stored next_attempt_at is a backoff that never comes (retention's clock): not shown.
+    next_attempt_at = serializers.SerializerMethodField(
+        help_text="When the next attempt is due while pending; null once delivered or failed."
+    )
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_next_attempt_at(self, delivery: WebhookDelivery) -> str | None:
+        if delivery.status != DeliveryStatus.PENDING:
+            return None
+        return serializers.DateTimeField().to_representation(delivery.next_attempt_at)
+
     class Meta:
         model = WebhookDelivery
         fields = [
@@ -54,7 +65,11 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
             "last_error",
             "created_at",
             "delivered_at",
+            "last_attempt_at",
         ]
+        extra_kwargs = {
+            "last_attempt_at": {"help_text": "When the last attempt ended (for a failed delivery, when it gave up)."},
+        }
 
 
 def _endpoint(request: Request, pk: int) -> WebhookEndpoint:

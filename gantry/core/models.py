@@ -644,6 +644,8 @@ class WebhookDelivery(models.Model):
     last_error = models.TextField(blank=True, default="", db_default="")
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # When the last attempt ended; for a failed delivery, when the sender gave up. Null until the first.
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "webhook_delivery"

@@ -28,6 +28,6 @@ RETURNING w.id, e.url, e.secret_sealed, w.event, w.body, w.delivery_id::text, w.
 # One attempt's outcome.
 RECORD = """
 UPDATE webhook_delivery SET status = %(status)s, last_status_code = %(code)s, last_error = %(error)s,
-       next_attempt_at = %(next)s, delivered_at = %(delivered)s
+       next_attempt_at = %(next)s, delivered_at = %(delivered)s, last_attempt_at = %(now)s
 WHERE id = %(id)s
 """

@@ -147,7 +147,15 @@ def record(row: Claimed, code: int | None, error: str, now: datetime) -> str:
     with connection.cursor() as cur:
         cur.execute(
             sql.RECORD,
-            {"status": status, "code": code, "error": error, "next": nxt, "delivered": delivered, "id": row.id},
+            {
+                "status": status,
+                "code": code,
+                "error": error,
+                "next": nxt,
+                "delivered": delivered,
+                "now": now,
+                "id": row.id,
+            },
         )
     if status != DeliveryStatus.DELIVERED:
         log.warning(

@@ -101,6 +101,10 @@ def test_the_deliveries_route_and_the_command(
 ) -> None:
     pk = owner_api.post(URL, body(hook.url), format="json").json()["id"]
     deploy(stack, now=timezone.now())
+    (pending,) = owner_api.get(f"/api/v1/webhooks/{pk}/deliveries").json()
+    assert pending["status"] == "pending"
+    assert pending["next_attempt_at"] is not None
+    assert pending["last_attempt_at"] is None  # not tried yet
 
     out = io.StringIO()
     call_command("webhooks", "--deliver-once", stdout=out)
@@ -116,3 +120,7 @@ def test_the_deliveries_route_and_the_command(
         1,
         204,
     )
+    # Finished: no next attempt; the last one is when it was delivered.
+    assert row["next_attempt_at"] is None
+    assert row["last_attempt_at"] is not None
+    assert row["last_attempt_at"] == row["delivered_at"]

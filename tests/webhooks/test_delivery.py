@@ -119,8 +119,10 @@ def test_a_failed_answer_is_retried_with_the_same_body(
     assert delivery.deliver_due() == {"pending": 1}
     row = WebhookDelivery.objects.get()
     assert (row.status, row.attempts, row.last_status_code) == ("pending", 1, 500)
-    # The first retry comes within 30 s.
-    assert row.next_attempt_at - timezone.now() <= timedelta(seconds=30)
+    # The first retry comes within 30 s of the attempt.
+    assert row.last_attempt_at is not None
+    assert row.last_attempt_at <= timezone.now()
+    assert row.next_attempt_at - row.last_attempt_at <= timedelta(seconds=30)
     assert delivery.deliver_due() == {}  # not before it is due
 
     WebhookDelivery.objects.update(next_attempt_at=timezone.now())
@@ -130,8 +132,11 @@ def test_a_failed_answer_is_retried_with_the_same_body(
     assert first.body == second.body
     assert first.headers["x-gantry-delivery"] == second.headers["x-gantry-delivery"]
     assert verify(second.headers, second.body)
+    first_attempt = row.last_attempt_at
     row.refresh_from_db()
     assert (row.status, row.attempts, row.last_status_code) == ("delivered", 2, 204)
+    assert row.last_attempt_at == row.delivered_at
+    assert row.last_attempt_at > first_attempt
 
 
 def test_a_delivery_gives_up_after_a_day(acme: Organization, stack: Stack, hook: Receiver) -> None:
@@ -139,8 +144,13 @@ def test_a_delivery_gives_up_after_a_day(acme: Organization, stack: Stack, hook:
     deploy(stack, now=timezone.now() - timedelta(hours=23, minutes=59, seconds=50))
     hook.answers = [503]
 
+    before = timezone.now()
     assert delivery.deliver_due() == {"failed": 1}
-    assert WebhookDelivery.objects.get().status == DeliveryStatus.FAILED
+    row = WebhookDelivery.objects.get()
+    assert row.status == DeliveryStatus.FAILED
+    # When it gave up.
+    assert row.last_attempt_at is not None
+    assert before <= row.last_attempt_at <= timezone.now()
 
 
 def test_a_runs_later_event_waits_for_the_earlier_one(

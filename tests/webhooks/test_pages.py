@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from gantry.core.models import Organization, Stack, WebhookEndpoint
+from gantry.core.models import Organization, Stack, WebhookDelivery, WebhookEndpoint
 from gantry.webhooks import delivery
 from tests.core.drive import deploy
 from tests.webhooks.receiver import Receiver, receiver
@@ -53,6 +54,13 @@ def test_an_admin_adds_an_endpoint_and_sees_its_deliveries(
     assert f'href="/runs/{run.id}"' in html
     assert "<td data-status>pending</td>" in html
     assert "502" in html
+    row = WebhookDelivery.objects.get()
+    # The last attempt's time, and when the next one is due.
+    last_attempt = re.search(
+        r"<td data-last-attempt><time datetime=\"([^\"]+)\">.*?next try <time datetime=\"([^\"]+)\"", html
+    )
+    assert last_attempt is not None
+    assert last_attempt.groups() == (row.last_attempt_at.isoformat(), row.next_attempt_at.isoformat())
     assert "x" * 20 not in html  # the secret is never shown
 
     page.post(f"{PAGE}/{endpoint.pk}/delete")
