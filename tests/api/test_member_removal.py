@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from gantry.core import services
 from gantry.core.errors import GantryError, LastAdmin
 from gantry.core.models import Invitation, Membership, Organization, Role
+from gantry.core.services import members as members_service
 from tests.api.test_schema import SCHEMA
 
 pytestmark = pytest.mark.django_db
@@ -111,6 +112,38 @@ def test_with_a_second_admin_the_first_may_step_down_or_leave(
     assert owner_api.delete(f"{MEMBERS}/teammate").status_code == 403
     assert owner_api.delete(f"{MEMBERS}/owner").status_code == 204
     assert members(acme) == {"teammate": "admin"}
+
+
+def test_staff_goes_with_the_last_admin_role(
+    owner_api: APIClient, owner: User, teammate: User, outsider: User, acme: Organization, globex: Organization
+) -> None:
+    """Promotion makes staff (the Django admin); demotion or removal from the last admin role clears it."""
+    assert owner_api.post(MEMBERS, {"username": "teammate", "role": "admin"}, format="json").status_code == 200
+    teammate.refresh_from_db()
+    assert teammate.is_staff
+    members_service.grant(org=globex, user=teammate, role=Role.ADMIN)  # an admin of two orgs
+
+    assert owner_api.post(MEMBERS, {"username": "teammate", "role": "member"}, format="json").status_code == 200
+    teammate.refresh_from_db()
+    assert teammate.is_staff  # still globex's admin
+
+    services.membership_remove(org=globex, username="teammate", by=teammate)  # leaves globex
+    teammate.refresh_from_db()
+    assert not teammate.is_staff  # an admin nowhere now
+    assert members(acme)["teammate"] == "member"
+
+    # The last admin role removed, not demoted: the same.
+    assert owner_api.post(MEMBERS, {"username": "teammate", "role": "admin"}, format="json").status_code == 200
+    assert owner_api.delete(f"{MEMBERS}/teammate").status_code == 204
+    teammate.refresh_from_db()
+    assert not teammate.is_staff
+
+
+def test_a_super_admin_keeps_staff_when_demoted(root: User, owner: User, acme: Organization) -> None:
+    members_service.grant(org=acme, user=root, role=Role.ADMIN)
+    members_service.grant(org=acme, user=root, role=Role.MEMBER)
+    root.refresh_from_db()
+    assert root.is_staff
 
 
 def _wait_for_lock_waiters(count: int, timeout: float = 10.0) -> None:

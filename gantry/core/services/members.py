@@ -100,6 +100,7 @@ def grant(*, org: Organization, user: User, role: str) -> tuple[Membership, bool
     """Make ``user`` a member with ``role`` (caller has the user's consent, or created the user)."""
     with transaction.atomic():
         membership, created = Membership.objects.get_or_create(user=user, organization=org, defaults={"role": role})
+        demoted = not created and membership.role == Role.ADMIN and role != Role.ADMIN
         if not created and membership.role != role:
             if role != Role.ADMIN:
                 _keep_an_admin(org=org, membership=membership)
@@ -109,7 +110,21 @@ def grant(*, org: Organization, user: User, role: str) -> tuple[Membership, bool
         # Org admins work in the Django admin too (scoped to their orgs).
         user.is_staff = True
         user.save(update_fields=["is_staff"])
+    elif demoted:
+        _unstaff_if_admin_nowhere(user)
     return membership, created
+
+
+def _unstaff_if_admin_nowhere(user: User) -> None:
+    """Clear ``is_staff`` of a former org admin who is no longer one anywhere (demoted or removed).
+
+    Staff came with the admin role (:func:`grant`) and goes with the last one:
+    the Django admin would show such a user nothing, and staff also sees the
+    readiness probe's error details. Super-admins keep theirs.
+    """
+    if user.is_staff and not user.is_superuser and not Membership.objects.filter(user=user, role=Role.ADMIN).exists():
+        user.is_staff = False
+        user.save(update_fields=["is_staff"])
 
 
 def invitation_accept(*, invitation_id: int, user: User) -> Membership:
@@ -178,6 +193,8 @@ def membership_remove(*, org: Organization, username: str, by: User) -> None:
         # Deleted by id: if another removal took the row meanwhile, this is a no-op, not an error.
         Membership.objects.filter(id=membership.id).delete()
         invitations.delete()
+        if membership.role == Role.ADMIN:
+            _unstaff_if_admin_nowhere(membership.user)
 
 
 def api_token_regenerate(*, user: User) -> str:
