@@ -242,7 +242,15 @@ class RunnerGroup(models.Model):
         db_table = "runner_group"
         ordering = ["organization_id", "name"]
         # Unique within the org whatever the case ("Linux" and "linux" are one name to a person).
-        constraints = [models.UniqueConstraint(F("organization"), Lower("name"), name="runner_group_org_name_ci_uniq")]
+        # Live groups only (migration 0025): an archived group's name is free again, as a stack's is.
+        constraints = [
+            models.UniqueConstraint(
+                F("organization"),
+                Lower("name"),
+                condition=Q(archived_at__isnull=True),
+                name="runner_group_org_name_ci_uniq",
+            )
+        ]
 
     def __str__(self) -> str:
         # Titled by org slug (callers that list groups select_related the organization).

@@ -47,7 +47,7 @@ from gantry.core.models import (
     Stack,
 )
 from gantry.reapers.reapers import force_delete_runner
-from gantry.web.admin_display import NoCreatedAtOnAdd, RunColumns, StorableJSONField, seconds
+from gantry.web.admin_display import ArchivedFilter, NoCreatedAtOnAdd, RunColumns, StorableJSONField, seconds
 from gantry.web.admin_scoping import (
     ReadOnlyInline,
     ReadOnlyScopedAdmin,
@@ -264,8 +264,9 @@ class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
         "token_version",
         "last_polled_at",
         "last_dispatch_error_at",
+        "archived_at",
     ]
-    list_filter = ["kind", "drained", ("organization", admin.RelatedOnlyFieldListFilter)]
+    list_filter = [ArchivedFilter, "kind", "drained", ("organization", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["organization"]
     search_fields = ["name", "organization__slug"]
     ordering = ["organization__slug", "name"]
@@ -285,6 +286,18 @@ class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # A group's token and runners belong to its org; it never moves.
         return [*self.readonly_fields, "organization"] if obj is not None else list(self.readonly_fields)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # An archived group is history (its tokens refused, out of the claim): shown read-only, as the API's 404s.
+        if obj is not None and obj.archived_at is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def _live(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> QuerySet[RunnerGroup]:
+        """The actions' groups without the archived ones, each of those named in a warning."""
+        for name in queryset.filter(archived_at__isnull=False).values_list("name", flat=True):
+            self.message_user(request, f"{name}: the runner group is archived; left as it is", messages.WARNING)
+        return queryset.filter(archived_at__isnull=True)
 
     def save_model(self, request: HttpRequest, obj: RunnerGroup, form: Any, change: bool) -> None:
         data = form.cleaned_data
@@ -307,14 +320,14 @@ class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
 
     @admin.action(description="Rotate token (the old one stops working at once)", permissions=["change"])
     def rotate_token(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> None:
-        for group in queryset.select_related("organization"):
+        for group in self._live(request, queryset).select_related("organization"):
             self._show_token(request, group, services.runner_group_rotate_token(group=group))
 
     @admin.action(description="Drain selected groups (stop dispatch)", permissions=["change"])
     def drain(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> None:
         self._apply(
             request,
-            queryset,
+            self._live(request, queryset),
             lambda g: services.runner_group_set_drained(group=g, drained=True),
             "Drained {count} runner group(s).",
         )
@@ -323,7 +336,7 @@ class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     def undrain(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> None:
         self._apply(
             request,
-            queryset,
+            self._live(request, queryset),
             lambda g: services.runner_group_set_drained(group=g, drained=False),
             "Undrained {count} runner group(s).",
         )
@@ -419,7 +432,7 @@ class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     fields = ["organization", *STACK_FIELDS, "secret_names", "secrets_update", "created_at"]
     # No secrets here: list views show names only (see secret_names).
     list_display = ["name", "organization", "selector", "default_priority", "secret_names", "created_at", "archived_at"]
-    list_filter = [("organization", admin.RelatedOnlyFieldListFilter)]
+    list_filter = [ArchivedFilter, ("organization", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["organization"]
     search_fields = ["name", "organization__slug"]
     ordering = ["organization__slug", "name"]

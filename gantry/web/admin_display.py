@@ -8,6 +8,8 @@
   refused when the database could not store them (``gantry.core.jsonsafe``):
   a lone surrogate typed as ``\ud800`` must come back as a form error, not
   break the page that shows the form again.
+- Archived groups and stacks leave the lists by default, as on the pages
+  and in the API; the "archived" filter shows them on request.
 - The runs list's reason and runner-group columns are read once per page, for
   the page's rows (the queue's ladder, two statements per org on the page; the
   runs' ``assigned`` events), and kept on the row objects of that request.
@@ -17,18 +19,51 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from gantry.core import jsonsafe
 from gantry.core.models import WAITING, RunEvent, RunnerGroup
 from gantry.dispatch import queue
+
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices  # the stubs' name for one choice
+
+
+class ArchivedFilter(admin.SimpleListFilter):
+    """Live rows unless asked: the default (no parameter) leaves archived ones out, unlike Django's "All"."""
+
+    title = "archived"
+    parameter_name = "archived"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Archived"), ("all", "All")]
+
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "Live",
+        }
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "all":
+            return queryset
+        return queryset.filter(archived_at__isnull=self.value() != "yes")
 
 
 class StorableJSONField(forms.JSONField):

@@ -214,7 +214,8 @@ def check_unique_name(form: forms.ModelForm, model: type[Model]) -> None:
     if (
         name
         and org_id
-        and model._default_manager.filter(organization_id=org_id, name__iexact=name)
+        # Archived rows free their name (the partial unique constraints of groups and stacks).
+        and model._default_manager.filter(organization_id=org_id, name__iexact=name, archived_at__isnull=True)
         .exclude(pk=form.instance.pk)
         .exists()
     ):

@@ -6,7 +6,7 @@ import re
 
 from django.test import Client
 
-from gantry.core import tokens
+from gantry.core import services, tokens
 from gantry.core.models import Organization, RunnerGroup
 from tests.admin.helpers import messages_of, url
 
@@ -114,3 +114,51 @@ def test_it_cannot_edit_drained_or_token_version_by_form(owner_admin: Client, gr
     )  # fmt: skip
     group.refresh_from_db()
     assert (group.drained, group.token_version, group.max_concurrent_runs) == (False, 1, 1)
+
+
+def test_archived_groups_leave_the_list_unless_asked_and_take_no_change(
+    owner_admin: Client, acme: Organization, group: RunnerGroup
+) -> None:
+    gone, _ = services.runner_group_create(org=acme, name="gone")
+    services.runner_group_archive(group=gone)
+
+    def listed(query: dict[str, str]) -> set[str]:
+        response = owner_admin.get(url("runnergroup"), query)
+        assert response.status_code == 200
+        return {g.name for g in response.context["cl"].result_list}
+
+    assert listed({}) == {"linux"}  # live ones, as the pages and the API list them
+    assert listed({"archived": "yes"}) == {"gone"}
+    assert listed({"archived": "all"}) == {"linux", "gone"}
+
+    # Read-only: the page shows it, a change is refused, and the actions leave it as it is.
+    assert owner_admin.get(url("runnergroup", "change", gone.pk)).status_code == 200
+    refused = owner_admin.post(
+        url("runnergroup", "change", gone.pk),
+        {"name": "renamed", "kind": "self_hosted", "labels": "{}", "max_concurrent_runs": "1"},
+    )
+    assert refused.status_code == 403
+    for action in ("rotate_token", "drain"):
+        # Only a list showing archived groups can select one (the action acts on the filtered list).
+        r = owner_admin.post(
+            url("runnergroup") + "?archived=all",
+            {"action": action, "_selected_action": [gone.pk, group.pk], "index": "0"},
+            follow=True,
+        )
+        assert any("gone: the runner group is archived" in m for m in messages_of(r)), action
+    gone.refresh_from_db()
+    group.refresh_from_db()
+    assert (gone.name, gone.drained, gone.token_version) == ("gone", False, 2)  # archiving bumped it once
+    assert (group.drained, group.token_version) == (True, 2)
+
+
+def test_a_new_group_may_take_an_archived_ones_name(
+    owner_admin: Client, acme: Organization, group: RunnerGroup
+) -> None:
+    services.runner_group_archive(group=group)
+    r = owner_admin.post(
+        url("runnergroup", "add"),
+        {"organization": acme.pk, "name": "Linux", "kind": "self_hosted", "labels": "{}", "max_concurrent_runs": "1"},
+    )
+    assert r.status_code == 302, r.context and r.context["adminform"].form.errors
+    assert RunnerGroup.objects.filter(organization=acme, name__iexact="linux").count() == 2

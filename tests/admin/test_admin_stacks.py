@@ -130,3 +130,15 @@ def test_it_refuses_a_nul_in_the_spec_with_a_form_error(owner_admin: Client, sta
     r = owner_admin.post(url("stack", "change", stack.pk), {"name": "web", "labels": "{}", "spec": json.dumps(spec)})
     assert r.status_code == 200
     assert "NUL" in str(r.context["adminform"].form.errors["spec"])
+
+
+def test_archived_stacks_leave_the_list_unless_asked(owner_admin: Client, acme: Organization, stack: Stack) -> None:
+    gone = services.stack_create(org=acme, name="gone", spec=SPEC)
+    services.stack_archive(stack_id=gone.pk)
+
+    def listed(query: dict[str, str]) -> set[str]:
+        return {s.name for s in owner_admin.get(url("stack"), query).context["cl"].result_list}
+
+    assert listed({}) == {"web"}
+    assert listed({"archived": "yes"}) == {"gone"}
+    assert listed({"archived": "all"}) == {"web", "gone"}

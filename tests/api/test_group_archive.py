@@ -67,6 +67,22 @@ class TestArchive:
         assert owner_api.post(f"/api/v1/runner-groups/{gone.id}/drain").status_code == 404
         assert kept.id in [g["id"] for g in listed]
 
+    def test_its_name_may_be_taken_again_by_a_new_group(self, acme: Organization, owner_api: APIClient) -> None:
+        old, _ = services.runner_group_create(org=acme, name="linux", labels={"os": "linux"})
+        other, _ = services.runner_group_create(org=acme, name="arm", labels={"os": "linux"})
+        assert owner_api.delete(f"/api/v1/runner-groups/{old.id}").status_code == 204
+
+        made = owner_api.post("/api/v1/orgs/acme/runner-groups", {"name": "LINUX"}, format="json")
+        assert made.status_code == 201, made.content
+        assert made.json()["id"] != old.id
+        assert sorted(g["name"] for g in owner_api.get("/api/v1/orgs/acme/runner-groups").json()) == ["LINUX", "arm"]
+        assert owner_api.get(f"/api/v1/runner-groups/{old.id}").json()["name"] == "linux"  # history stays
+        # Two live groups of one name are still refused, by create and by rename.
+        again = owner_api.post("/api/v1/orgs/acme/runner-groups", {"name": "linux"}, format="json")
+        assert (again.status_code, again.json()["code"]) == (409, "name_taken")
+        renamed = owner_api.patch(f"/api/v1/runner-groups/{other.id}", {"name": "Linux"}, format="json")
+        assert (renamed.status_code, renamed.json()["code"]) == (409, "name_taken")
+
     def test_the_claim_never_hands_an_archived_group_a_run(self, acme: Organization) -> None:
         group, _ = services.runner_group_create(org=acme, name="linux", labels={"os": "linux"})
         services.runner_group_archive(group=group)

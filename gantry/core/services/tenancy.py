@@ -173,7 +173,7 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
     fields.update(specs.validate_github_fields(fields.get("kind") or GroupKind.SELF_HOSTED, fields))
-    if RunnerGroup.objects.filter(organization=org, name__iexact=name).exists():
+    if RunnerGroup.objects.filter(organization=org, name__iexact=name, archived_at__isnull=True).exists():
         raise NameTaken(f"a runner group named {name!r} exists in this organization (names ignore case)")
     group = _create_named(RunnerGroup, "runner group", organization=org, name=name, **fields)
     return group, tokens.mint_group_token(
@@ -191,7 +191,9 @@ def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
         fields.update({name: clean[name] for name in specs.GITHUB_FIELDS if name in fields})
     if (
         "name" in fields
-        and RunnerGroup.objects.filter(organization_id=group.organization_id, name__iexact=fields["name"])
+        and RunnerGroup.objects.filter(
+            organization_id=group.organization_id, name__iexact=fields["name"], archived_at__isnull=True
+        )
         .exclude(id=group.id)
         .exists()
     ):
