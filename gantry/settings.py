@@ -57,6 +57,8 @@ SECRET_KEY = _secret_key()
 
 ALLOWED_HOSTS = list(_env.allowed_hosts)
 CSRF_TRUSTED_ORIGINS = list(_env.csrf_trusted_origins)
+# A refused form post gets the site's styled page (gantry.web.errors), not Django's bare one.
+CSRF_FAILURE_VIEW = "gantry.web.errors.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

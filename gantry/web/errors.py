@@ -1,7 +1,8 @@
 """Django-level error pages: JSON in the contract's shape under /api/, the site's own styled pages elsewhere.
 
-The 403 and 404 pages keep the nav (the user's landing org's links), so a
-wrong URL is a step back, not a dead end. The 500 page is rendered without
+The 403 (a refused role, or a form whose CSRF token failed) and 404 pages
+keep the nav (the user's landing org's links), so a wrong URL is a step back,
+not a dead end. The 500 page is rendered without
 the request and without the database: it must still answer when the
 database is what failed (no context processors, no user, no org).
 """
@@ -42,6 +43,17 @@ def forbidden(request: HttpRequest, exception: Exception) -> HttpResponse:
         return JsonResponse({"code": "forbidden", "detail": str(exception) or "forbidden"}, status=403)
     # A PermissionDenied raised with a sentence says what role it needs; show it.
     return _page(request, "403.html", 403, str(exception) or "")
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF_FAILURE_VIEW: a refused form post says what happened and that nothing changed, in the site's style.
+
+    Django's reason (e.g. "CSRF token missing") goes to the log, not the page.
+    """
+    log.warning("CSRF refused %s %s: %s", request.method, request.path, reason)
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "forbidden", "detail": f"CSRF check failed: {reason}"}, status=403)
+    return _page(request, "403_csrf.html", 403, "")
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

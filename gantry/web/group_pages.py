@@ -21,7 +21,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -32,9 +32,9 @@ from gantry.api.auth import member_role
 from gantry.api.runner_admin_views import runners_with_run
 from gantry.core import services
 from gantry.core.errors import GantryError, InvalidRequest
-from gantry.core.models import GroupKind, Role, RunnerGroup
+from gantry.core.models import GroupKind, RunnerGroup
 from gantry.dispatch import coordinators
-from gantry.web.pages import _nav, _user, org_and_role
+from gantry.web.pages import _nav, _user, org_and_role, require_admin
 
 # The session key holding a just-created group's token until its page shows it.
 NEW_TOKEN_KEY = "gantry_new_group_token"
@@ -170,15 +170,9 @@ def group_page(request: HttpRequest, pk: int) -> HttpResponse:
 # ---------------------------------------------------------------- admin buttons
 
 
-def _admin(request: HttpRequest, role: str) -> HttpResponse | None:
-    return None if role == Role.ADMIN else HttpResponseForbidden("this needs the org admin role")
-
-
 def archive(request: HttpRequest, group: RunnerGroup, role: str) -> HttpResponse:
     """The group page's "Archive group" (pages.group_action routes it here): services.runner_group_archive."""
-    refused = _admin(request, role)
-    if refused is not None:
-        return refused
+    require_admin(role)
     try:
         services.runner_group_archive(group=group)
     except GantryError as exc:
@@ -192,9 +186,7 @@ def archive(request: HttpRequest, group: RunnerGroup, role: str) -> HttpResponse
 @require_POST
 def runner_force_delete(request: HttpRequest, pk: int, runner_id: uuid.UUID) -> HttpResponse:
     group, role = group_and_role(request, pk)
-    refused = _admin(request, role)
-    if refused is not None:
-        return refused
+    require_admin(role)
     if not group.runners.filter(id=runner_id).exists():
         raise Http404("no such runner in this group")
     back = reverse("web:group", kwargs={"pk": group.id})
@@ -261,9 +253,7 @@ def create_fields(post: Any) -> dict[str, Any]:
 @require_POST
 def group_create(request: HttpRequest, org: str) -> HttpResponse:
     organization, role = org_and_role(request, org)
-    refused = _admin(request, role)
-    if refused is not None:
-        return refused
+    require_admin(role)
     back = reverse("web:groups", kwargs={"org": organization.slug})
     try:
         group, token = services.runner_group_create(org=organization, **create_fields(request.POST))

@@ -18,7 +18,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.messages.views import SuccessMessageMixin
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse, reverse_lazy
 from django.views.decorators.http import require_POST
@@ -28,7 +28,7 @@ from gantry.api.auth import member_role
 from gantry.core import services
 from gantry.core.errors import GantryError
 from gantry.core.models import Invitation, Membership, Role
-from gantry.web.pages import _nav, _user, org_and_role, user_orgs
+from gantry.web.pages import _nav, _user, org_and_role, require_admin, user_orgs
 
 
 @login_required
@@ -51,8 +51,7 @@ def members_page(request: HttpRequest, org: str) -> HttpResponse:
 @require_POST
 def member_invite(request: HttpRequest, org: str) -> HttpResponse:
     organization, role = org_and_role(request, org)
-    if role != Role.ADMIN:
-        return HttpResponseForbidden("this needs the org admin role")
+    require_admin(role)
     back = reverse("web:members", kwargs={"org": organization.slug})
     who = request.POST.get("who", "").strip()
     wanted = request.POST.get("role", "")
@@ -93,8 +92,8 @@ def member_action(request: HttpRequest, org: str, username: str, action: str) ->
     if action not in ("role", "remove"):
         raise Http404("no such action")
     leaving = action == "remove" and username == user.get_username()
-    if role != Role.ADMIN and not leaving:
-        return HttpResponseForbidden("this needs the org admin role")
+    if not leaving:
+        require_admin(role)
     try:
         if action == "role":
             wanted = request.POST.get("role", "")

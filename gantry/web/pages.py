@@ -26,7 +26,6 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
-    HttpResponseForbidden,
     HttpResponseRedirect,
     StreamingHttpResponse,
 )
@@ -73,6 +72,12 @@ def org_and_role(request: HttpRequest, slug: str) -> tuple[Organization, str]:
     if org is None or role is None:
         raise Http404("no such organization")
     return org, role
+
+
+def require_admin(role: str, why: str = "this needs the org admin role") -> None:
+    """Refuse a member an org admin's action: the styled 403 page (gantry.web.errors) with ``why`` on it."""
+    if role != Role.ADMIN:
+        raise PermissionDenied(why)
 
 
 def user_orgs(user: User) -> list[Organization]:
@@ -439,8 +444,7 @@ def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse
         messages.success(request, "Retried: a new attempt is queued.")
         return redirect("web:run", pk=newest[0])
     if action == "force-delete-runner":
-        if role != Role.ADMIN:
-            return HttpResponseForbidden("force-deleting a runner needs the org admin role")
+        require_admin(role, "force-deleting a runner needs the org admin role")
         # The run's own runner, never one named by the form: the run's org scoping covers it.
         runner_id = run.assigned_runner_id
         if runner_id is None:
@@ -460,8 +464,7 @@ def run_action(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse
 def run_priority(request: HttpRequest, pk: uuid.UUID) -> HttpResponse:
     """Change a waiting run's priority (an org admin, as ``PATCH /api/v1/runs/{id}``); back to its page."""
     run, role = _run_and_role(request, pk)
-    if role != Role.ADMIN:
-        raise PermissionDenied("changing a run's priority needs the org admin role")
+    require_admin(role, "changing a run's priority needs the org admin role")
     back = reverse("web:run", kwargs={"pk": run.id})
 
     def change() -> None:
@@ -538,8 +541,7 @@ def group_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     role = member_role(_user(request), group.organization) if group is not None else None
     if group is None or role is None:
         raise Http404("no such runner group")
-    if role != Role.ADMIN:
-        raise PermissionDenied("this needs the org admin role")  # the styled 403 page (gantry.web.errors)
+    require_admin(role)
     if action == "archive":
         from gantry.web import group_pages
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import OuterRef, Q, Subquery
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -32,7 +32,7 @@ from gantry.core.models import PRIORITY_NAMES, TERMINAL, Deployment, Membership,
 from gantry.core.services.deployments import may_queue_priority
 from gantry.core.words import duration
 from gantry.dispatch import queue
-from gantry.web.pages import _act, _nav, _user, org_and_role, posted_priority
+from gantry.web.pages import _act, _nav, _user, org_and_role, posted_priority, require_admin
 
 HISTORY_PAGE = 20
 # The finished runs an org admin may pick a spec from, on the stack page.
@@ -260,9 +260,8 @@ def deploy(request: HttpRequest, pk: int) -> HttpResponse:
     spec_from_run = request.POST.get("spec_from_run", "")
     if not spec_from_run:
         return _deploy(request, stack, None, back, priority, role)
-    if role != Role.ADMIN:
-        # As the API's spec_override_forbidden: the steps run with the stack's secrets.
-        return HttpResponseForbidden("only an org admin may deploy an earlier run's spec")
+    # As the API's spec_override_forbidden: the steps run with the stack's secrets.
+    require_admin(role, "only an org admin may deploy an earlier run's spec")
     try:
         run_id = uuid.UUID(spec_from_run)
     except ValueError:
@@ -280,8 +279,7 @@ def deploy(request: HttpRequest, pk: int) -> HttpResponse:
 def set_default_priority(request: HttpRequest, pk: int) -> HttpResponse:
     """The stack's ``default_priority`` (an org admin, as ``PATCH /api/v1/stacks/{id}``)."""
     stack, role = _stack_and_role(request, pk)
-    if role != Role.ADMIN:
-        return HttpResponseForbidden("this needs the org admin role")
+    require_admin(role)
     back = reverse("web:stack", kwargs={"pk": stack.id})
 
     def change() -> None:
@@ -295,8 +293,7 @@ def set_default_priority(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def archive(request: HttpRequest, pk: int) -> HttpResponse:
     stack, role = _stack_and_role(request, pk)
-    if role != Role.ADMIN:
-        return HttpResponseForbidden("this needs the org admin role")
+    require_admin(role)
     try:
         services.stack_archive(stack_id=stack.id, by=_user(request))
     except GantryError as exc:
@@ -349,6 +346,5 @@ def run_again(request: HttpRequest, pk: uuid.UUID) -> HttpResponse:
     if same_spec(run.deployment.spec, run.stack):
         # The stack's own spec: any member may, as a Deploy of the stack.
         return _deploy(request, run.stack, None, back, run.priority, role)
-    if role != Role.ADMIN:
-        return HttpResponseForbidden("the stack's spec has changed since this run: only an org admin may run it again")
+    require_admin(role, "the stack's spec has changed since this run: only an org admin may run it again")
     return _deploy(request, run.stack, run.deployment.spec, back, run.priority, role)

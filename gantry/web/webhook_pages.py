@@ -14,14 +14,14 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from gantry.core.errors import GantryError
-from gantry.core.models import WEBHOOK_EVENTS, Organization, Role, WebhookEndpoint
-from gantry.web.pages import _nav, _user, org_and_role
+from gantry.core.models import WEBHOOK_EVENTS, Organization, WebhookEndpoint
+from gantry.web.pages import _nav, _user, org_and_role, require_admin
 from gantry.webhooks import services
 
 # The page shows fewer deliveries per endpoint than the API route.
@@ -34,8 +34,7 @@ def admin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]
     @functools.wraps(view)
     def wrapped(request: HttpRequest, org: str, **kwargs: Any) -> HttpResponse:
         organization, role = org_and_role(request, org)
-        if role != Role.ADMIN:
-            return HttpResponseForbidden("this needs the org admin role")
+        require_admin(role)
         return view(request, organization, role, **kwargs)
 
     return login_required(wrapped)

@@ -122,6 +122,31 @@ def test_the_favicon_answers_on_every_path(teammate: User, who: str) -> None:
     assert 'rel="icon"' in client.get("/orgs/acme/queue" if who == "member" else "/login").content.decode()
 
 
+def test_a_form_whose_csrf_token_fails_gets_the_styled_403_and_changes_nothing(owner: User, acme: Organization) -> None:
+    group, _token = services.runner_group_create(org=acme, name="linux", labels={"os": "linux"})
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner)
+    response = client.post(f"/runner-groups/{group.id}/drain")  # no csrfmiddlewaretoken: a stale or forged form
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert 'data-error-page="403"' in html
+    assert "The form expired" in html
+    assert 'href="/orgs/acme/queue"' in html  # the nav: a step back, not a dead end
+    group.refresh_from_db()
+    assert not group.drained
+
+
+@pytest.mark.parametrize(
+    "path", ["/orgs/acme/members/invite", "/orgs/acme/webhooks/add", "/orgs/acme/runner-groups/new"]
+)
+def test_every_admin_form_refuses_a_member_with_the_styled_403(teammate: User, acme: Organization, path: str) -> None:
+    response = session(teammate).post(path, {"who": "eve@example.com", "role": "member", "name": "g"})
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert 'data-error-page="403"' in html
+    assert "This needs the org admin role" in html
+
+
 def test_a_member_pressing_an_admins_button_gets_the_styled_403(teammate: User, acme: Organization) -> None:
     group, _token = services.runner_group_create(org=acme, name="linux", labels={"os": "linux"})
     response = session(teammate).post(f"/runner-groups/{group.id}/drain")
