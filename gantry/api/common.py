@@ -123,6 +123,7 @@ _USER_ERRORS = {
     403: "wrong token type or role",
     404: "not found (or not yours)",
     409: "the object's state refuses this; see `code` and `detail`",
+    422: "the Idempotency-Key was used for another request (`idempotency_key_reused`)",
 }
 _RUNNER_ERRORS = {
     401: "no, invalid or revoked token",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,6 +17,9 @@ from gantry.api.common import UserView, org_for, scoped, user_errors, user_of, v
 from gantry.core import services
 from gantry.core.errors import PriorityForbidden, SpecOverrideForbidden
 from gantry.core.models import Deployment, Membership, Organization, Role, Run, RunnerGroup, Stack
+
+# The deployment POST's retry key (the IETF httpapi Idempotency-Key header).
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 # ---------------------------------------------------------------- orgs
 
@@ -366,14 +369,29 @@ class DeploymentListView(UserView):
     @extend_schema(
         operation_id="deployments_create",
         request=s.DeploymentCreateSerializer,
-        responses={201: s.DeploymentSerializer, **user_errors(400, 401, 403, 404, 409)},
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                description="Makes a retry safe: a POST repeated with the same key (same stack, user and spec) "
+                "queues nothing new and answers the deployment the first one made, with `Idempotent-Replayed: true`. "
+                "1-255 visible ASCII characters; kept with the deployment.",
+            )
+        ],
+        responses={201: s.DeploymentSerializer, **user_errors(400, 401, 403, 404, 409, 422)},
         description="Queue a deployment (org member). Its run is pending when the stack's lane is free, else queued. "
         "A `spec` of its own (overriding the stack's) needs the org admin role: 403 `spec_override_forbidden`. "
         "`priority` (low, normal, high) orders its run in the queue; it defaults to the stack's `default_priority`, "
-        "and `high` needs the org admin role: 403 `priority_forbidden`. 409 `stack_archived` for an archived stack.",
+        "and `high` needs the org admin role: 403 `priority_forbidden`. 409 `stack_archived` for an archived stack. "
+        "With an `Idempotency-Key` header, a retry answers the first deployment (201, `Idempotent-Replayed: true`); "
+        "the key reused for another spec or by another user is 422 `idempotency_key_reused`.",
     )
     def post(self, request: Request, pk: int) -> Response:
         stack = _stack(request, pk)
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is not None:
+            services.check_idempotency_key(key)
         data = validated(s.DeploymentCreateSerializer, request)
         admin = member_role(user_of(request), stack.organization) == Role.ADMIN
         if "spec" in data and not admin:
@@ -381,10 +399,15 @@ class DeploymentListView(UserView):
             # they run is the stack's (an admin's) to say, not any member's.
             raise SpecOverrideForbidden("only an org admin may queue a deployment with its own spec")
         services.check_queue_priority(data.get("priority"), admin=admin)
-        deployment = services.deployment_create(
-            stack=stack, spec=data.get("spec"), priority=data.get("priority"), created_by=user_of(request)
+        deployment, replayed = services.deployment_create_once(
+            stack=stack,
+            spec=data.get("spec"),
+            priority=data.get("priority"),
+            created_by=user_of(request),
+            idempotency_key=key,
         )
-        return Response(s.DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+        headers = {"Idempotent-Replayed": "true"} if replayed else None
+        return Response(s.DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED, headers=headers)
 
 
 def _deployment(request: Request, pk: int) -> Deployment:

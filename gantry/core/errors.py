@@ -286,6 +286,14 @@ class RunNotWaiting(Conflict):
     code = "run_not_waiting"
 
 
+class IdempotencyKeyReused(GantryError):
+    """An Idempotency-Key already used on this stack for a different request (another spec, or another user):
+    the key names one request; use a new key for a new one."""
+
+    code = "idempotency_key_reused"
+    http_status = 422
+
+
 class StackArchived(Conflict):
     """A deployment, retry or change of an archived stack: it takes no new work (its history stays readable)."""
 

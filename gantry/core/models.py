@@ -356,10 +356,21 @@ class Deployment(models.Model):
     spec = models.JSONField(default=dict)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # The POST's Idempotency-Key header, if it sent one: a retry of the same POST answers this deployment.
+    # NULL, not "": unkeyed rows stay out of the partial unique index, and the old release never names it.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, editable=False)  # noqa: DJ001
 
     class Meta:
         db_table = "deployment"
         ordering = ["-created_at", "-id"]
+        constraints = [
+            # Built CONCURRENTLY by migration 0026; only keyed rows are in it.
+            models.UniqueConstraint(
+                fields=["stack", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="deployment_idempotency_uniq",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"deployment {self.pk}"

@@ -23,8 +23,10 @@ on the event loop; the service of the same edge drives the same plan.
 
 from gantry.core.services.deployments import (
     RETRYABLE,
+    check_idempotency_key,
     check_queue_priority,
     deployment_create,
+    deployment_create_once,
     deployment_retry,
     deployment_skip,
     stack_archive,
@@ -104,8 +106,10 @@ __all__ = [
     "Refused",
     "accept_plan",
     "api_token_regenerate",
+    "check_idempotency_key",
     "check_queue_priority",
     "deployment_create",
+    "deployment_create_once",
     "deployment_retry",
     "deployment_skip",
     "deregister_plan",

@@ -10,6 +10,7 @@ from django.db import transaction
 
 from gantry.core import specs
 from gantry.core.errors import (
+    IdempotencyKeyReused,
     InvalidRequest,
     InvalidTransition,
     NotFound,
@@ -61,6 +62,41 @@ def deployment_create(
 
     Its run has ``priority``, else the stack's ``default_priority`` (who may ask for which is the caller's check).
     """
+    deployment, _ = deployment_create_once(stack=stack, spec=spec, priority=priority, created_by=created_by, now=now)
+    return deployment
+
+
+IDEMPOTENCY_KEY_MAX = 255
+
+
+def check_idempotency_key(key: str) -> str:
+    """A usable Idempotency-Key: 1 to 255 visible ASCII characters (400 ``invalid_request`` otherwise)."""
+    if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX or not all("!" <= c <= "~" for c in key):
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} visible ASCII characters", field="Idempotency-Key"
+        )
+    return key
+
+
+def deployment_create_once(
+    *,
+    stack: Stack,
+    spec: dict[str, Any] | None = None,
+    priority: int | None = None,
+    created_by: User | None = None,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> tuple[Deployment, bool]:
+    """:func:`deployment_create`, once per ``idempotency_key`` on the stack; the deployment and whether it was
+    there already.
+
+    A retry of the same request (same stack, key, user and spec) answers the
+    deployment the first one made and queues nothing; the same key with another
+    spec or user is ``idempotency_key_reused``. The check runs under the
+    stack's lane lock, which every deployment of the stack takes first, so two
+    retries racing each other cannot both create (the partial unique index
+    deployment_idempotency_uniq stands behind it).
+    """
     now = resolve_now(now)
     if spec is None:
         if not stack.spec:
@@ -69,8 +105,22 @@ def deployment_create(
     clean = specs.validate_spec(spec)
     with transaction.atomic():
         lock_live_stack(stack.id)
+        if idempotency_key is not None:
+            earlier = Deployment.objects.filter(stack=stack, idempotency_key=idempotency_key).first()
+            if earlier is not None:
+                if earlier.spec != clean or earlier.created_by_id != (created_by.pk if created_by else None):
+                    raise IdempotencyKeyReused(
+                        "this Idempotency-Key was used on this stack for another request: use a new key",
+                        deployment_id=earlier.id,
+                    )
+                return earlier, True
         deployment = Deployment.objects.create(
-            stack=stack, spec=clean, created_by=created_by, created_at=now, updated_at=now
+            stack=stack,
+            spec=clean,
+            created_by=created_by,
+            created_at=now,
+            updated_at=now,
+            idempotency_key=idempotency_key,
         )
         run_create_on_lane(
             deployment=deployment,
@@ -80,7 +130,7 @@ def deployment_create(
             priority=stack.default_priority if priority is None else priority,
         )
     deployment.refresh_from_db()
-    return deployment
+    return deployment, False
 
 
 def lock_live_stack(stack_id: int) -> None:
