@@ -47,7 +47,14 @@ from gantry.core.models import (
     Stack,
 )
 from gantry.reapers.reapers import force_delete_runner
-from gantry.web.admin_display import ArchivedFilter, NoCreatedAtOnAdd, RunColumns, StorableJSONField, seconds
+from gantry.web.admin_display import (
+    ArchivedFilter,
+    ArchivedReadOnly,
+    NoCreatedAtOnAdd,
+    RunColumns,
+    StorableJSONField,
+    seconds,
+)
 from gantry.web.admin_scoping import (
     ReadOnlyInline,
     ReadOnlyScopedAdmin,
@@ -241,7 +248,7 @@ class RunnerGroupForm(forms.ModelForm):
 
 
 @admin.register(RunnerGroup)
-class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
+class RunnerGroupAdmin(ArchivedReadOnly, NoCreatedAtOnAdd, ScopedAdmin):
     form = RunnerGroupForm
     fields = [
         "organization",
@@ -286,12 +293,6 @@ class RunnerGroupAdmin(NoCreatedAtOnAdd, ScopedAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # A group's token and runners belong to its org; it never moves.
         return [*self.readonly_fields, "organization"] if obj is not None else list(self.readonly_fields)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # An archived group is history (its tokens refused, out of the claim): shown read-only, as the API's 404s.
-        if obj is not None and obj.archived_at is not None:
-            return False
-        return super().has_change_permission(request, obj)
 
     def _live(self, request: HttpRequest, queryset: QuerySet[RunnerGroup]) -> QuerySet[RunnerGroup]:
         """The actions' groups without the archived ones, each of those named in a warning."""
@@ -427,7 +428,7 @@ class StackForm(forms.ModelForm):
 
 
 @admin.register(Stack)
-class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
+class StackAdmin(ArchivedReadOnly, NoCreatedAtOnAdd, ScopedAdmin):
     form = StackForm
     fields = ["organization", *STACK_FIELDS, "secret_names", "secrets_update", "created_at"]
     # No secrets here: list views show names only (see secret_names).
@@ -440,12 +441,6 @@ class StackAdmin(NoCreatedAtOnAdd, ScopedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [*self.readonly_fields, "organization"] if obj is not None else list(self.readonly_fields)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # An archived stack takes no change (services.stack_update refuses it): shown read-only.
-        if obj is not None and obj.archived_at is not None:
-            return False
-        return super().has_change_permission(request, obj)
 
     @admin.display(description="runner selector")
     def selector(self, stack: Stack) -> str:

@@ -66,6 +66,19 @@ class ArchivedFilter(admin.SimpleListFilter):
         return queryset.filter(archived_at__isnull=self.value() != "yes")
 
 
+class ArchivedReadOnly(admin.ModelAdmin):
+    """An archived row (a group or a stack) is history: its page shows it, and takes no change.
+
+    As in the API, where a change of an archived group is 404 and of an
+    archived stack 409 ``stack_archived``.
+    """
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.archived_at is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
+
 class StorableJSONField(forms.JSONField):
     """A form JSON field that refuses what PostgreSQL cannot store, and redisplays any input safely."""
 

@@ -19,7 +19,8 @@ from django.db import models
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
-from gantry.core.errors import GantryError, InvalidRequest
+from gantry.core import services
+from gantry.core.errors import GantryError, InvalidRequest, NameTaken
 from gantry.core.models import Membership, Organization, Role, RunnerGroup, Stack
 from gantry.web.admin_display import StorableJSONField
 
@@ -204,19 +205,15 @@ def form_validated(check: Callable[[Any], Any], value: Any) -> Any:
         raise ValidationError(exc.detail) from exc
 
 
-def check_unique_name(form: forms.ModelForm, model: type[Model]) -> None:
+def check_unique_name(form: forms.ModelForm, model: type[RunnerGroup] | type[Stack]) -> None:
     # The (organization, name) constraint is only checked by Django when the
     # organization is a form field; on change it is read-only, so check here
     # rather than let the service's Conflict surface as a server error.
     name = form.cleaned_data.get("name")
     org = form.cleaned_data.get("organization")
     org_id = org.id if org is not None else form.instance.organization_id
-    if (
-        name
-        and org_id
-        # Archived rows free their name (the partial unique constraints of groups and stacks).
-        and model._default_manager.filter(organization_id=org_id, name__iexact=name, archived_at__isnull=True)
-        .exclude(pk=form.instance.pk)
-        .exists()
-    ):
-        form.add_error("name", f"A {model._meta.verbose_name} named {name!r} exists in this organization.")
+    if name and org_id:
+        try:
+            services.check_name_free(model, organization_id=org_id, name=name, other_than=form.instance.pk)
+        except NameTaken as exc:
+            form.add_error("name", exc.detail[0].upper() + exc.detail[1:] + ".")

@@ -79,6 +79,7 @@ from gantry.core.services.runs import (
 )
 from gantry.core.services.tenancy import (
     MemberChange,
+    check_name_free,
     membership_invite,
     membership_set,
     org_create,
@@ -107,6 +108,7 @@ __all__ = [
     "accept_plan",
     "api_token_regenerate",
     "check_idempotency_key",
+    "check_name_free",
     "check_queue_priority",
     "deployment_create",
     "deployment_create_once",

@@ -69,13 +69,12 @@ def deployment_create(
 IDEMPOTENCY_KEY_MAX = 255
 
 
-def check_idempotency_key(key: str) -> str:
+def check_idempotency_key(key: str) -> None:
     """A usable Idempotency-Key: 1 to 255 visible ASCII characters (400 ``invalid_request`` otherwise)."""
     if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX or not all("!" <= c <= "~" for c in key):
         raise InvalidRequest(
             f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} visible ASCII characters", field="Idempotency-Key"
         )
-    return key
 
 
 def deployment_create_once(

@@ -173,8 +173,7 @@ def runner_group_create(*, org: Organization, name: str, **fields: Any) -> tuple
     if "labels" in fields:
         fields["labels"] = specs.validate_group_labels(fields["labels"])
     fields.update(specs.validate_github_fields(fields.get("kind") or GroupKind.SELF_HOSTED, fields))
-    if RunnerGroup.objects.filter(organization=org, name__iexact=name, archived_at__isnull=True).exists():
-        raise NameTaken(f"a runner group named {name!r} exists in this organization (names ignore case)")
+    check_name_free(RunnerGroup, organization_id=org.id, name=name)
     group = _create_named(RunnerGroup, "runner group", organization=org, name=name, **fields)
     return group, tokens.mint_group_token(
         group_id=group.id, token_version=group.token_version, organization_id=group.organization_id
@@ -189,15 +188,8 @@ def runner_group_update(*, group: RunnerGroup, **fields: Any) -> RunnerGroup:
         merged = {name: fields.get(name, getattr(group, name)) for name in specs.GITHUB_FIELDS}
         clean = specs.validate_github_fields(group.kind, merged)
         fields.update({name: clean[name] for name in specs.GITHUB_FIELDS if name in fields})
-    if (
-        "name" in fields
-        and RunnerGroup.objects.filter(
-            organization_id=group.organization_id, name__iexact=fields["name"], archived_at__isnull=True
-        )
-        .exclude(id=group.id)
-        .exists()
-    ):
-        raise NameTaken(f"a runner group named {fields['name']!r} exists in this organization")
+    if "name" in fields:
+        check_name_free(RunnerGroup, organization_id=group.organization_id, name=fields["name"], other_than=group.id)
     for key, value in fields.items():
         setattr(group, key, value)
     if fields:
@@ -276,9 +268,7 @@ def stack_create(
     secrets: Any = None,
     default_priority: int = Priority.NORMAL,
 ) -> Stack:
-    # Archived stacks keep their names but no longer hold them (the partial unique index).
-    if Stack.objects.filter(organization=org, name__iexact=name, archived_at__isnull=True).exists():
-        raise NameTaken(f"a stack named {name!r} exists in this organization (names ignore case)")
+    check_name_free(Stack, organization_id=org.id, name=name)
     return _create_named(
         Stack,
         "stack",
@@ -301,15 +291,8 @@ def stack_update(*, stack: Stack, **fields: Any) -> Stack:
         fields["spec"] = specs.validate_spec(fields["spec"]) if fields["spec"] is not None else None
     if "secrets" in fields:
         fields["secrets"] = stack_secrets.seal(specs.validate_secrets(fields["secrets"]))
-    if (
-        "name" in fields
-        and Stack.objects.filter(
-            organization_id=stack.organization_id, name__iexact=fields["name"], archived_at__isnull=True
-        )
-        .exclude(id=stack.id)
-        .exists()
-    ):
-        raise NameTaken(f"a stack named {fields['name']!r} exists in this organization")
+    if "name" in fields:
+        check_name_free(Stack, organization_id=stack.organization_id, name=fields["name"], other_than=stack.id)
     for key, value in fields.items():
         setattr(stack, key, value)
     if fields:
@@ -327,6 +310,23 @@ def stack_set_secrets(*, stack: Stack, changes: dict[str, str | None]) -> Stack:
     stack.secrets = {**kept, **stack_secrets.seal(new)}
     stack.save(update_fields=["secrets"])
     return stack
+
+
+def check_name_free(
+    model: type[RunnerGroup] | type[Stack], *, organization_id: int, name: str, other_than: int | None = None
+) -> None:
+    """The one rule of a runner group's or stack's name: unique among its org's live rows, ignoring case.
+
+    ``NameTaken`` otherwise. Archived rows keep their names but no longer hold
+    them (the partial unique indexes ``*_org_name_ci_uniq``, which stand behind
+    this check for a concurrent create: :func:`_create_named`). ``other_than``:
+    the row being renamed.
+    """
+    taken = model._default_manager.filter(organization_id=organization_id, name__iexact=name, archived_at__isnull=True)
+    if other_than is not None:
+        taken = taken.exclude(pk=other_than)
+    if taken.exists():
+        raise NameTaken(f"a {model._meta.verbose_name} named {name!r} exists in this organization (names ignore case)")
 
 
 def _create_named(model: type[M], noun: str, **fields: Any) -> M:
