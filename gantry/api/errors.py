@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django import db
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from rest_framework import exceptions as drf
@@ -54,7 +53,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             extra={"event": "api.refused", "code": exc.code, "path": getattr(request, "path", None)},
         )
         return Response(exc.as_dict(), status=exc.http_status, headers=exc.headers())
-    if isinstance(exc, (db.OperationalError, db.InterfaceError)):
+    if isinstance(exc, errors.DATABASE_UNAVAILABLE):
         # The database is down or restarting: a client can retry, and a 500
         # (with a traceback in the log) would say the server is broken.
         log.warning("database unavailable: %s", exc, extra={"event": "api.database_unavailable"})

@@ -20,6 +20,12 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
+from django import db
+
+# The database down or restarting (a connection refused or terminated): expected weather for a
+# caller that can try again, said in one line, not a bug's traceback.
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (db.OperationalError, db.InterfaceError)
+
 
 class GantryError(Exception):
     """Any refusal of Gantry's (the base; not answered as such)."""
